@@ -1,0 +1,158 @@
+"""User-facing targets and text generation: `load_target`, `generate`.
+
+A `Target` bundles what every job needs about the large model: its config, parameters,
+tokenizer (with chat template) and a name. `generate` handles text <-> tokens, batching
+and timing around the jitted on-device sampler.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dblast_jax.config import SamplingConfig, TargetConfig
+from dblast_jax.models import target as target_lm
+from dblast_jax.sampler import PAD_ID, cache_size_for, generate_tokens, pad_prompts
+
+Prompt = Union[str, Sequence[int], Sequence[dict]]
+
+TINY_PRESETS = {
+    "tiny-llama": TargetConfig.tiny_llama,
+    "tiny-qwen3": TargetConfig.tiny_qwen3,
+}
+
+
+@dataclasses.dataclass
+class Target:
+    config: TargetConfig
+    params: Any
+    tokenizer: Any = None  # dblast_jax.io.tokenizer.Tokenizer or None for token-only models
+    name: str = "target"
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        if self.tokenizer is not None:
+            return tuple(self.tokenizer.stop_ids)
+        return tuple(self.config.eos_token_ids)
+
+
+def load_target(path_or_preset: str, dtype=jnp.float32, seed: int = 0) -> Target:
+    """Load a target by preset name, Hugging Face folder, or GGUF file.
+
+    Presets: `smollm2-135m-instruct` (the pinned GGUF; never downloaded silently),
+    `tiny-llama` / `tiny-qwen3` (random weights, no tokenizer; for tests).
+    """
+    name = str(path_or_preset)
+    if name in TINY_PRESETS:
+        config = TINY_PRESETS[name]()
+        return Target(config, target_lm.init_params(config, seed, dtype), None, name)
+    from dblast_jax.io import presets
+    if name in presets.PRESETS:
+        config, params, tokenizer = presets.load_preset(name, dtype=dtype)
+        return Target(config, params, tokenizer, name)
+    path = Path(os.path.expanduser(name))
+    if path.is_file() and path.suffix == ".gguf":
+        from dblast_jax.io.gguf import load_gguf_with_tokenizer
+        config, params, tokenizer = load_gguf_with_tokenizer(path, dtype=dtype)
+        return Target(config, params, tokenizer, path.stem)
+    if path.is_dir():
+        from dblast_jax.io.hf import load_hf
+        from dblast_jax.io.tokenizer import Tokenizer
+        config, params = load_hf(path, dtype=dtype)
+        tokenizer = Tokenizer.from_file(path) if (path / "tokenizer.json").exists() else None
+        return Target(config, params, tokenizer, path.name)
+    known = sorted(list(TINY_PRESETS) + list(presets.PRESETS))
+    raise FileNotFoundError(
+        f"{name!r} is neither a known preset ({', '.join(known)}), a Hugging Face folder "
+        "(config.json + *.safetensors) nor a .gguf file")
+
+
+def encode_prompts(target: Target, prompts: Sequence[Prompt], chat: bool = True,
+                   system: Optional[str] = None) -> list[list[int]]:
+    """Strings (chat-templated unless `chat=False`), message lists, or token-id lists."""
+    encoded = []
+    for prompt in prompts:
+        if isinstance(prompt, str):
+            if target.tokenizer is None:
+                raise ValueError(f"target {target.name!r} has no tokenizer; pass token ids")
+            if chat:
+                messages = ([{"role": "system", "content": system}] if system else [])
+                messages.append({"role": "user", "content": prompt})
+                encoded.append(target.tokenizer.encode_chat(messages))
+            else:
+                encoded.append(target.tokenizer.encode(prompt))
+        elif prompt and isinstance(prompt[0], dict):
+            if target.tokenizer is None:
+                raise ValueError(f"target {target.name!r} has no tokenizer; pass token ids")
+            encoded.append(target.tokenizer.encode_chat(list(prompt)))
+        else:
+            ids = [int(t) for t in prompt]
+            bad = [t for t in ids if not 0 <= t < target.config.vocab_size]
+            if bad:
+                raise ValueError(f"token ids {bad[:5]} outside the vocabulary "
+                                 f"[0, {target.config.vocab_size})")
+            encoded.append(ids)
+    return encoded
+
+
+@dataclasses.dataclass
+class GenerationResult:
+    tokens: list[list[int]]  # generated ids per prompt (stop token included if emitted)
+    text: list[Optional[str]]
+    timing: dict[str, float]
+    stats: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def _trim(out: np.ndarray, counts: np.ndarray) -> list[list[int]]:
+    return [[int(t) for t in row[:n] if t != PAD_ID] for row, n in zip(out, counts)]
+
+
+def decode_outputs(target: Target, tokens: list[list[int]]) -> list[Optional[str]]:
+    if target.tokenizer is None:
+        return [None] * len(tokens)
+    stops = set(target.stop_ids)
+    return [target.tokenizer.decode([t for t in row if t not in stops]) for row in tokens]
+
+
+def generate(target: Target, prompts: Sequence[Prompt], sampling: SamplingConfig = SamplingConfig(),
+             rng: jax.Array | int = 0, chat: bool = True, max_cache: Optional[int] = None,
+             warmup: bool = False) -> GenerationResult:
+    """Plain sampling from the target. `timing` separates compile from generation.
+
+    With `warmup=True` the jitted call is run once first, so `timing['seconds']` measures
+    generation alone (what benchmarks want).
+    """
+    if isinstance(rng, int):
+        rng = jax.random.key(rng)
+    if not sampling.stop_tokens:
+        sampling = sampling.replace(stop_tokens=target.stop_ids)
+    ids = encode_prompts(target, prompts, chat=chat)
+    tokens, lengths = pad_prompts(ids)
+    cache_size = cache_size_for(tokens.shape[1], sampling.max_new_tokens)
+    limit = max_cache or target.config.max_position_embeddings
+    if cache_size > limit:
+        raise ValueError(f"prompt ({tokens.shape[1]} tokens, padded) + max_new_tokens "
+                         f"({sampling.max_new_tokens}) exceed the model's context of {limit}")
+    call = lambda: generate_tokens(target.params, tokens, lengths, rng, config=target.config,
+                                   sampling=sampling, cache_size=cache_size)
+    compile_s = 0.0
+    if warmup:
+        t0 = time.perf_counter()
+        jax.block_until_ready(call())
+        compile_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    out, counts = jax.block_until_ready(call())
+    seconds = time.perf_counter() - t0
+    out, counts = np.asarray(out), np.asarray(counts)
+    new_tokens = int(counts.sum())
+    toks = _trim(out, counts)
+    timing = {"seconds": seconds, "new_tokens": new_tokens,
+              "tokens_per_s": new_tokens / max(seconds, 1e-9), "warmup_seconds": compile_s}
+    return GenerationResult(toks, decode_outputs(target, toks), timing)
