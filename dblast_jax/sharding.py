@@ -17,7 +17,7 @@ from typing import Any, Iterable, Sequence
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 AXES = ("data", "fsdp", "tensor")
 
@@ -30,6 +30,20 @@ TARGET_RULES: tuple[tuple[str, P], ...] = (
     (r"mlp/down_proj/kernel$", P("tensor", "fsdp")),  # [F, H]
     (r"lm_head/kernel$", P("fsdp", "tensor")),  # [H, V]
     (r"(norm|scale)", P()),  # every RMSNorm scale: tiny, replicated
+)
+
+# Drafter: the same Megatron pattern; the per-category expander kernels [K, H, E] / [K, E, H]
+# keep the category axis whole.
+DRAFTER_RULES: tuple[tuple[str, P], ...] = (
+    (r"^fc/kernel$", P("fsdp", "tensor")),  # [n_taps*H, H]
+    (r"^layers/\d+/attn/(q_proj|k_proj|v_proj)/kernel$", P("fsdp", "tensor")),
+    (r"^layers/\d+/attn/o_proj/kernel$", P("tensor", "fsdp")),
+    (r"^layers/\d+/mlp/(gate_proj|up_proj)/kernel$", P("fsdp", "tensor")),
+    (r"^layers/\d+/mlp/down_proj/kernel$", P("tensor", "fsdp")),
+    (r"^expander/in_kernel$", P(None, "fsdp", "tensor")),
+    (r"^expander/out_kernel$", P(None, "tensor", "fsdp")),
+    (r"^prior/kernel$", P("fsdp", None)),
+    (r"(^|/)scale$|^mask_embedding$|^prior/bias$", P()),
 )
 
 CACHE_KV_SPEC = P("data", None, "tensor", None)  # [B, S, Nkv, D]
@@ -50,7 +64,10 @@ def make_mesh(data: int = 1, fsdp: int = 1, tensor: int = 1,
     if need > len(devices) or need < 1:
         raise ValueError(f"mesh {dict(zip(AXES, shape))} needs {need} devices; "
                          f"{len(devices)} available")
-    return Mesh(np.asarray(devices[:need]).reshape(shape), AXES)
+    # Auto axes: shardings propagate through the model's einsums (Explicit axes would
+    # demand matching shardings on every contraction).
+    return Mesh(np.asarray(devices[:need]).reshape(shape), AXES,
+                axis_types=(AxisType.Auto,) * len(AXES))
 
 
 def _path_str(path) -> str:
@@ -74,7 +91,9 @@ def fit_spec(spec: P, shape: Sequence[int], mesh: Mesh) -> P:
             continue
         names = axis if isinstance(axis, tuple) else (axis,)
         size = int(np.prod([mesh.shape[n] for n in names]))
-        fitted.append(axis if dim % size == 0 else None)
+        fitted.append(axis if size > 1 and dim % size == 0 else None)
+    while fitted and fitted[-1] is None:
+        fitted.pop()
     return P(*fitted)
 
 
@@ -87,7 +106,7 @@ def partition_specs(tree: Any, mesh: Mesh, rules: Iterable[tuple[str, P]] = TARG
         for pattern, spec in rules:
             if re.search(pattern, name):
                 return fit_spec(spec, leaf.shape, mesh)
-        raise KeyError(f"no partition rule matches parameter {name!r} {tuple(leaf.shape)}")
+        raise ValueError(f"no partition rule for parameter {name} {tuple(leaf.shape)}")
 
     return jax.tree_util.tree_map_with_path(spec_for, tree)
 

@@ -28,11 +28,12 @@ def test_every_target_parameter_has_a_rule_and_specs_fit():
     assert specs["layers"][0]["attn"]["k_proj"]["kernel"] == P("fsdp", "tensor")
     # a dimension that does not divide drops the axis instead of failing
     assert sharding.fit_spec(P("tensor", "fsdp"), (97, 48), mesh) == P(None, "fsdp")
+    assert sharding.fit_spec(P("fsdp", "tensor"), (48, 97), mesh) == P("fsdp")
 
 
 def test_unknown_parameter_names_the_path():
     mesh = sharding.make_mesh(1, 1, 1)
-    with pytest.raises(KeyError, match="mystery/kernel"):
+    with pytest.raises(ValueError, match="mystery/kernel"):
         sharding.partition_specs({"mystery": {"kernel": jnp.zeros((2, 2))}}, mesh)
 
 

@@ -1,0 +1,487 @@
+"""The DBlast drafter: a DFlash block drafter plus a latent-mixture head (Flax NNX).
+
+Architecture (DESIGN.md section 2): target hidden states tapped after
+`target_layer_ids` are concatenated along features and mapped by `fc` + `hidden_norm`
+to *context features*. A block `[anchor, MASK x (b - 1)]` embedded with the target's
+embedding runs through Qwen3-style decoder layers whose attention keys/values are
+`[context ; block]` (the context features go through the same `k_proj` / `v_proj` /
+`k_norm` as the block, without the layer's input norm) and is not causal. A final norm
+gives the base hidden state `u`. The drafter owns no embedding and no LM head: the
+target's are passed in on every call (`tparams`) and never copied.
+
+DBlast additions (K = `num_categories`):
+* **Category hidden expander** (present when `expander_width > 0`): branch z uses
+  `u + offset_z(u)` with `offset_z(u) = W2_z silu(W1_z u)`, a per-category low-rank MLP
+  of width `expander_width` on the final-normed state. The offset is added *after* the
+  final norm, so branch z's logits are DFlash's logits plus `lm_head(offset_z(u))`;
+  zero offsets give DFlash exactly.
+* **Category prior head** (K > 1): `prior_logits = u_anchor @ W + c`, read from the
+  final-normed hidden state of block slot 0 (the anchor). Why that state: it gets no
+  token loss, so it is free to summarise; attention is not causal, so it has seen all
+  visible context and the whole block; and it exists before any branch is chosen, so a
+  sampler can draw z first and then project only that branch through the (expensive)
+  LM head. Pooling over MASK slots would mix in states specialised to one position's
+  token. The head starts at zero (uniform prior), which is harmless: symmetry is broken
+  by the expander, see `Expander`.
+
+Parameters are a plain nested dict (see `PARAM_LAYOUT`), separate from the target's.
+All public functions are jittable with the configs (keyword arguments) static.
+
+Draft KV cache: a `target.KVCache` with one `[B, S, Nkv, D]` buffer per drafter layer
+holding **context** keys/values only (post k_norm, roped at absolute positions); the
+index is the absolute position, as in the target's cache. A block anchored at `s`
+sees entries with index `< s` strictly; entries at or beyond `s` may be stale (rejected
+positions, prompt padding) and are never visible. The block's own keys/values are
+recomputed in every draft pass and never stored.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from dblast_jax import sharding
+from dblast_jax.config import DrafterConfig, TargetConfig
+from dblast_jax.models import target as target_lib
+from dblast_jax.models.layers import DecoderLayer, RMSNorm, rope_inverse_frequencies
+from dblast_jax.models.target import KVCache
+
+Array = jax.Array
+Params = dict[str, Any]
+
+PARAM_LAYOUT = """
+fc/kernel                        [n_taps*H, H]
+hidden_norm/scale                [H]
+layers/{i}/input_norm/scale      [H]
+layers/{i}/attn/q_proj/kernel    [H, Nq*D]
+layers/{i}/attn/k_proj/kernel    [H, Nkv*D]
+layers/{i}/attn/v_proj/kernel    [H, Nkv*D]
+layers/{i}/attn/o_proj/kernel    [Nq*D, H]
+layers/{i}/attn/q_norm/scale     [D]
+layers/{i}/attn/k_norm/scale     [D]
+layers/{i}/post_attn_norm/scale  [H]
+layers/{i}/mlp/gate_proj/kernel  [H, F]
+layers/{i}/mlp/up_proj/kernel    [H, F]
+layers/{i}/mlp/down_proj/kernel  [F, H]
+final_norm/scale                 [H]
+mask_embedding                   [H]        (learned mask mode: mask_token_id is None)
+expander/in_kernel               [K, H, E]  (expander_width E > 0)
+expander/out_kernel              [K, E, H]  (expander_width E > 0)
+prior/kernel                     [H, K]     (K > 1)
+prior/bias                       [K]        (K > 1)
+"""
+
+DraftCache = KVCache  # same layout and convention as the target's cache
+
+# Offsets start with rms ~ EXPANDER_INIT_OFFSET_RMS (u itself has rms ~ 1): small enough
+# that every branch starts close to the DFlash prediction, large enough that the
+# branches already differ at step 0.
+EXPANDER_INIT_OFFSET_RMS = 0.1
+
+
+# ---- modules ----------------------------------------------------------------------------
+
+class Expander(nnx.Module):
+    """K per-category low-rank MLPs: offset_z(u) = silu(u @ W1_z) @ W2_z.
+
+    Symmetry breaking. Branches z and z' are interchangeable in every loss (the mixture
+    sums over z and the prior starts uniform), so if their parameters are equal they
+    produce equal outputs, receive equal gradients and stay equal forever: the mixture
+    collapses to K copies of one branch and K > 1 buys nothing. Zero-initialising both
+    matrices is worse still: silu(0 @ W1) = 0 kills the gradient of W2 and W2 = 0 kills
+    the gradient of W1, a stationary point where no branch ever moves off DFlash. So
+    W1_z and W2_z are drawn independently per category (one normal draw of the stacked
+    [K, ...] tensors): the offsets, hence the branches, differ from the first step, while
+    their small scale (offset rms ~ EXPANDER_INIT_OFFSET_RMS against |u| rms ~ 1) keeps
+    every branch close to the shared DFlash prediction — important when the body starts
+    from a pretrained DFlash checkpoint.
+    """
+
+    def __init__(self, num_categories: int, hidden_size: int, width: int, rngs: nnx.Rngs,
+                 dtype=jnp.float32):
+        k, h, e = num_categories, hidden_size, width
+        in_std = 1.0 / math.sqrt(h)  # u has rms ~ 1 -> pre-activations of rms ~ 1
+        out_std = EXPANDER_INIT_OFFSET_RMS / math.sqrt(e)
+        self.in_kernel = nnx.Param(
+            (in_std * jax.random.normal(rngs.params(), (k, h, e), jnp.float32)).astype(dtype))
+        self.out_kernel = nnx.Param(
+            (out_std * jax.random.normal(rngs.params(), (k, e, h), jnp.float32)).astype(dtype))
+
+    def __call__(self, u: Array) -> Array:
+        """u [.., J, H] -> offsets [.., K, J, H]."""
+        a = jax.nn.silu(jnp.einsum("...jh,zhe->...zje", u, self.in_kernel[...]))
+        return jnp.einsum("...zje,zeh->...zjh", a, self.out_kernel[...])
+
+
+class PriorHead(nnx.Module):
+    """Linear head on the anchor slot's final-normed state -> logits of pi(z | y)."""
+
+    def __init__(self, hidden_size: int, num_categories: int, dtype=jnp.float32):
+        self.kernel = nnx.Param(jnp.zeros((hidden_size, num_categories), dtype))
+        self.bias = nnx.Param(jnp.zeros((num_categories,), dtype))
+
+    def __call__(self, u_anchor: Array) -> Array:
+        """u_anchor [.., H] -> float32 logits [.., K]."""
+        logits = jnp.einsum("...h,hk->...k", u_anchor, self.kernel[...],
+                            preferred_element_type=jnp.float32)
+        return logits + self.bias[...].astype(jnp.float32)
+
+
+class Drafter(nnx.Module):
+    def __init__(self, config: DrafterConfig, rngs: nnx.Rngs, dtype=jnp.float32):
+        c = config
+        n_taps = len(c.target_layer_ids)
+        self.fc = nnx.Linear(n_taps * c.hidden_size, c.hidden_size, use_bias=False,
+                             dtype=dtype, param_dtype=dtype,
+                             kernel_init=nnx.initializers.normal(0.02), rngs=rngs)
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
+        self.layers = nnx.List([
+            DecoderLayer(c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads,
+                         c.head_dim, True, c.rms_norm_eps, rngs, dtype)
+            for _ in range(c.num_layers)])
+        self.final_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
+        if c.mask_token_id is None:
+            self.mask_embedding = nnx.Param(
+                (0.02 * jax.random.normal(rngs.params(), (c.hidden_size,), jnp.float32))
+                .astype(dtype))
+        if c.expander_width > 0:
+            self.expander = Expander(c.num_categories, c.hidden_size, c.expander_width,
+                                     rngs, dtype)
+        if c.num_categories > 1:
+            self.prior = PriorHead(c.hidden_size, c.num_categories, dtype)
+
+
+# ---- params <-> module ------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _graph_and_abstract_state(config: DrafterConfig, dtype_name: str):
+    abstract = nnx.eval_shape(lambda: Drafter(config, nnx.Rngs(0), jnp.dtype(dtype_name)))
+    return nnx.split(abstract)
+
+
+def _dtype_of(dparams: Params):
+    return jnp.asarray(dparams["final_norm"]["scale"]).dtype
+
+
+def _module(dparams: Params, config: DrafterConfig) -> Drafter:
+    graphdef, state = _graph_and_abstract_state(config, jnp.dtype(_dtype_of(dparams)).name)
+    state = jax.tree.map(lambda x: x, state)
+    nnx.replace_by_pure_dict(state, dparams)
+    return nnx.merge(graphdef, state)
+
+
+def _plain_dict(tree):
+    if isinstance(tree, dict) or hasattr(tree, "items"):
+        return {k: _plain_dict(v) for k, v in tree.items()}
+    return tree
+
+
+def check_drafter_fits_target(drafter_config: DrafterConfig,
+                              target_config: TargetConfig) -> None:
+    """Raise ValueError (naming both values) if the drafter cannot run on this target."""
+    d, t = drafter_config, target_config
+    if d.hidden_size != t.hidden_size:
+        raise ValueError(f"drafter hidden_size {d.hidden_size} does not match the target's "
+                         f"hidden_size {t.hidden_size}: the drafter uses the target's "
+                         "embedding, LM head and hidden states")
+    if d.num_target_layers != t.num_layers:
+        raise ValueError(f"drafter was built for a {d.num_target_layers}-layer target, but "
+                         f"the target ({t.name}) has {t.num_layers} layers")
+    bad = [i for i in d.target_layer_ids if not 0 <= i < t.num_layers]
+    if bad:
+        raise ValueError(f"target_layer_ids {list(d.target_layer_ids)} do not fit a "
+                         f"{t.num_layers}-layer target (out of range: {bad})")
+    if d.mask_token_id is not None and not 0 <= d.mask_token_id < t.vocab_size:
+        raise ValueError(f"mask_token_id {d.mask_token_id} is outside the target's "
+                         f"vocabulary (size {t.vocab_size})")
+    if d.vocab_size and d.vocab_size != t.vocab_size:
+        raise ValueError(f"drafter vocab_size {d.vocab_size} does not match the target's "
+                         f"vocab_size {t.vocab_size}")
+
+
+def abstract_drafter_params(drafter_config: DrafterConfig, target_config: TargetConfig,
+                            dtype=jnp.float32) -> Params:
+    """Parameter shapes/dtypes (`jax.ShapeDtypeStruct` leaves) without allocating."""
+    check_drafter_fits_target(drafter_config, target_config)
+    _, state = _graph_and_abstract_state(drafter_config, jnp.dtype(dtype).name)
+    return _plain_dict(nnx.to_pure_dict(state))
+
+
+def init_drafter_params(drafter_config: DrafterConfig, target_config: TargetConfig,
+                        rng: Array | int = 0, dtype=jnp.float32) -> Params:
+    """Random drafter parameters: normal(0.02) kernels and mask embedding, unit norms,
+    small independent per-category expander weights, zero prior head (see `Expander`).
+
+    The values follow the module initialisers but are drawn with numpy on the host:
+    on CPU that is seconds faster than dispatching or compiling hundreds of small XLA
+    ops, and it is deterministic in `rng` (an int seed or a JAX key)."""
+    check_drafter_fits_target(drafter_config, target_config)
+    seed = rng if isinstance(rng, int) else int(jax.random.randint(rng, (), 0, 2**31 - 1))
+    gen = np.random.default_rng(seed)
+    abstract = abstract_drafter_params(drafter_config, target_config, dtype)
+    np_dtype = np.dtype(jnp.dtype(dtype))
+    h, e = drafter_config.hidden_size, max(drafter_config.expander_width, 1)
+
+    def leaf(path, a):
+        name = "/".join(str(getattr(k, "key", k)) for k in path)
+        if name.endswith("scale"):
+            x = np.ones(a.shape, np.float32)
+        elif name.startswith("prior/"):
+            x = np.zeros(a.shape, np.float32)
+        else:
+            std = {"expander/in_kernel": 1.0 / math.sqrt(h),
+                   "expander/out_kernel": EXPANDER_INIT_OFFSET_RMS / math.sqrt(e)}.get(name, 0.02)
+            x = std * gen.standard_normal(a.shape, np.float32)
+        return jnp.asarray(x.astype(np_dtype))
+
+    return jax.tree_util.tree_map_with_path(leaf, abstract)
+
+
+def num_drafter_params(dparams: Params) -> int:
+    return sum(int(x.size) for x in jax.tree.leaves(dparams))
+
+
+# ---- pure functions ---------------------------------------------------------------------
+
+def _inv_freq(config: DrafterConfig) -> Array:
+    return rope_inverse_frequencies(config.head_dim, config.rope_theta)
+
+
+def _features(model: Drafter, taps: Array, dtype) -> Array:
+    b, t, n, h = taps.shape
+    x = taps.astype(dtype).reshape(b, t, n * h)
+    return model.hidden_norm(model.fc(x))
+
+
+def context_features(dparams: Params, taps: Array, *, drafter_config: DrafterConfig) -> Array:
+    """taps [B, T, n_taps, H] (target layer order) -> context features [B, T, H]:
+    concatenate along features, `fc`, `hidden_norm`."""
+    _check_taps(taps, drafter_config)
+    return _features(_module(dparams, drafter_config), taps, _dtype_of(dparams))
+
+
+def _check_taps(taps, config: DrafterConfig) -> None:
+    n = len(config.target_layer_ids)
+    if taps.ndim != 4 or taps.shape[2] != n or taps.shape[3] != config.hidden_size:
+        raise ValueError(f"taps must be [B, T, {n}, {config.hidden_size}] (one slice per "
+                         f"target layer id {list(config.target_layer_ids)}); got "
+                         f"{tuple(taps.shape)}")
+
+
+def init_draft_cache(drafter_config: DrafterConfig, batch: int, size: int,
+                     dtype=jnp.float32) -> KVCache:
+    """An empty draft cache: per drafter layer a [batch, size, Nkv, D] K and V buffer."""
+    shape = (batch, size, drafter_config.num_kv_heads, drafter_config.head_dim)
+    n = drafter_config.num_layers
+    return KVCache(k=tuple(jnp.zeros(shape, dtype) for _ in range(n)),
+                   v=tuple(jnp.zeros(shape, dtype) for _ in range(n)),
+                   lengths=jnp.zeros((batch,), jnp.int32))
+
+
+def _write_rows(buf: Array, new: Array, starts: Array) -> Array:
+    """buf [B, S, N, D], new [B, T, N, D]: row b written at starts[b]."""
+    def one(row_buf, row_new, start):
+        return jax.lax.dynamic_update_slice(row_buf, row_new.astype(row_buf.dtype),
+                                            (start, 0, 0))
+    return jax.vmap(one)(buf, new, starts)
+
+
+def append_context(dparams: Params, taps: Array, positions: Array, cache: KVCache, *,
+                   drafter_config: DrafterConfig) -> KVCache:
+    """Project new target features into every drafter layer's context K/V.
+
+    taps: [B, T, n_taps, H] features of the tokens at absolute positions
+    `positions[b] .. positions[b] + T - 1` (positions: [B] int, the start). Each layer's
+    `k_proj` -> `k_norm` -> RoPE (absolute positions) and `v_proj` are written at those
+    indices; `lengths = positions + T`. Writing more than was accepted is fine: entries
+    at or beyond the next anchor are never visible and get overwritten later.
+    """
+    _check_taps(taps, drafter_config)
+    b, t = taps.shape[:2]
+    if t > cache.size:
+        raise ValueError(f"{t} context positions do not fit in a draft cache of size "
+                         f"{cache.size}")
+    if target_lib._is_concrete(positions):
+        arr = np.asarray(positions)
+        if arr.size and (arr.min() < 0 or arr.max() + t > cache.size):
+            raise ValueError(f"writing {t} context positions at position {arr.max()} "
+                             f"overflows the draft cache of size {cache.size}")
+    positions = jnp.asarray(positions, jnp.int32)
+    model = _module(dparams, drafter_config)
+    feats = _features(model, taps, _dtype_of(dparams))
+    pos = positions[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
+    inv_freq = _inv_freq(drafter_config)
+    ks, vs = [], []
+    for i, layer in enumerate(model.layers):
+        k, v = layer.attn.keys_values(feats, pos, inv_freq)
+        ks.append(_write_rows(cache.k[i], k, positions))
+        vs.append(_write_rows(cache.v[i], v, positions))
+    return KVCache(k=tuple(ks), v=tuple(vs), lengths=positions + t)
+
+
+def _block_attend(q: Array, k_ctx: Array, v_ctx: Array, ctx_visible: Array,
+                  k_blk: Array, v_blk: Array) -> Array:
+    """Attention of A blocks over [shared context ; own block] (block-sparse, no loop).
+
+    q: [B, A, b, Nq, D]; k_ctx, v_ctx: [B, S, Nkv, D]; ctx_visible: [B, A, S] bool;
+    k_blk, v_blk: [B, A, b, Nkv, D]. Block a's queries see the context entries marked
+    visible for it and all b keys of block a, none of any other block. One softmax over
+    the S + b logits in float32 -> [B, A, b, Nq * D]. Equivalent to a dense mask over
+    [context ; all A blocks] without materialising the A*b x A*b block part.
+    """
+    n, a, j, nq, d = q.shape
+    nkv = k_ctx.shape[2]
+    q = q.reshape(n, a, j, nkv, nq // nkv, d)
+    scale = d ** -0.5
+    s_ctx = jnp.einsum("najkgd,nskd->nakgjs", q, k_ctx,
+                       preferred_element_type=jnp.float32) * scale
+    s_ctx = jnp.where(ctx_visible[:, :, None, None, None, :], s_ctx, -jnp.inf)
+    s_blk = jnp.einsum("najkgd,naikd->nakgji", q, k_blk,
+                       preferred_element_type=jnp.float32) * scale
+    scores = jnp.concatenate([s_ctx, s_blk], axis=-1)
+    weights = jax.nn.softmax(scores, axis=-1)  # block keys always visible: finite max
+    w_ctx = weights[..., :k_ctx.shape[1]].astype(v_ctx.dtype)
+    w_blk = weights[..., k_ctx.shape[1]:].astype(v_blk.dtype)
+    out = (jnp.einsum("nakgjs,nskd->najkgd", w_ctx, v_ctx)
+           + jnp.einsum("nakgji,naikd->najkgd", w_blk, v_blk))
+    return out.reshape(n, a, j, nq * d)
+
+
+def _block_embeddings(model: Drafter, config: DrafterConfig, tparams: Params,
+                      anchor_tokens: Array, dtype) -> Array:
+    """anchor_tokens [B, A] -> block inputs [B, A, b, H]: [anchor, MASK x (b - 1)]."""
+    anchor = target_lib.embed(tparams, anchor_tokens).astype(dtype)  # [B, A, H]
+    if config.mask_token_id is None:
+        mask = model.mask_embedding[...].astype(dtype)
+    else:
+        mask = tparams["embed"]["embedding"][config.mask_token_id].astype(dtype)
+    masks = jnp.broadcast_to(mask, anchor.shape[:2] + (config.block_size - 1, mask.shape[-1]))
+    return jnp.concatenate([anchor[:, :, None, :], masks], axis=2)
+
+
+def _blocks_forward(model: Drafter, config: DrafterConfig, x: Array, anchors: Array,
+                    ctx_kv, ctx_visible: Array) -> Array:
+    """x [B, A, b, H] block inputs anchored at anchors [B, A]; ctx_kv per layer
+    (k, v) [B, S, Nkv, D]; ctx_visible [B, A, S]. Returns final-normed u [B, A, b, H]."""
+    n, a, j, h = x.shape
+    inv_freq = _inv_freq(config)
+    pos = (anchors[:, :, None] + jnp.arange(j, dtype=jnp.int32)).reshape(n, a * j)
+    xf = x.reshape(n, a * j, h)
+    for layer, (k_ctx, v_ctx) in zip(model.layers, ctx_kv):
+        hn = layer.input_norm(xf)
+        q = layer.attn.queries(hn, pos, inv_freq)
+        k, v = layer.attn.keys_values(hn, pos, inv_freq)
+        out = _block_attend(q.reshape(n, a, j, *q.shape[2:]), k_ctx, v_ctx, ctx_visible,
+                            k.reshape(n, a, j, *k.shape[2:]), v.reshape(n, a, j, *v.shape[2:]))
+        xf = layer.finish(xf, out.reshape(n, a * j, -1))
+    return model.final_norm(xf).reshape(n, a, j, h)
+
+
+def _heads(model: Drafter, config: DrafterConfig, u: Array) -> tuple[Array, Array]:
+    """u [B, A, b, H] -> (branch hidden [B, A, K, b-1, H], prior logits [B, A, K] f32)."""
+    tail = u[:, :, 1:]
+    if config.expander_width > 0:
+        branch = tail[:, :, None] + model.expander(tail).astype(tail.dtype)
+    else:
+        branch = tail[:, :, None]
+    if config.num_categories > 1:
+        prior = model.prior(u[:, :, 0])
+    else:
+        prior = jnp.zeros(u.shape[:2] + (1,), jnp.float32)
+    return branch, prior
+
+
+def draft_hidden(dparams: Params, tparams: Params, anchor_tokens: Array,
+                 anchor_positions: Array, cache: KVCache, *, drafter_config: DrafterConfig,
+                 target_config: TargetConfig) -> tuple[Array, Array]:
+    """One draft pass per row (inference).
+
+    anchor_tokens: [B] int, the last verified token of each row; anchor_positions: [B]
+    int, its absolute position s. The block [anchor, MASK x (b - 1)] sits at positions
+    s .. s + b - 1 and attends to cache entries with index < s plus the whole block.
+    Returns (branch_hidden [B, K, b-1, H] final-normed incl. expander offsets, in the
+    drafter dtype; prior_logits [B, K] float32, zeros when K = 1). Project a branch with
+    `branch_logits`; for greedy-branch decoding pick it first with `select_branch`.
+    """
+    del target_config  # the target's embedding comes in via tparams
+    anchor_positions = jnp.asarray(anchor_positions, jnp.int32)
+    model = _module(dparams, drafter_config)
+    x = _block_embeddings(model, drafter_config, tparams, anchor_tokens[:, None],
+                          _dtype_of(dparams))
+    visible = (jnp.arange(cache.size, dtype=jnp.int32)[None, None, :]
+               < anchor_positions[:, None, None])  # [B, 1, S]
+    u = _blocks_forward(model, drafter_config, x, anchor_positions[:, None],
+                        list(zip(cache.k, cache.v)), visible)
+    branch, prior = _heads(model, drafter_config, u)
+    return branch[:, 0], prior[:, 0]
+
+
+def train_hidden(dparams: Params, tparams: Params, taps: Array, tokens: Array,
+                 anchors: Array, *, drafter_config: DrafterConfig,
+                 target_config: TargetConfig) -> tuple[Array, Array]:
+    """Many blocks per sequence in one pass (training).
+
+    taps: [B, T, n_taps, H] target features of tokens [B, T] int at positions 0..T-1;
+    anchors: [B, A] int in [0, T) — block j of row b is [tokens[b, anchors[b, j]],
+    MASK x (b - 1)] at positions anchors[b, j] + 0..b-1 and sees context features at
+    positions < anchors[b, j] plus its own block only. Labels of block slot i (1..b-1)
+    are tokens[b, anchor + i]: the caller gathers and masks them.
+    Returns (branch_hidden [B, A, K, b-1, H], prior_logits [B, A, K] float32), equal to
+    `draft_hidden` on the same anchor and context. Anchors may repeat (the outputs are
+    then equal); masking anchors that are padding is the caller's job.
+
+    Cost: attention scores are [B, A, Nq, b, T + b] float32 (the A*b x A*b block-to-
+    block part of a dense mask is never built); for very many anchors over long T,
+    call this on anchor chunks.
+    """
+    del target_config
+    _check_taps(taps, drafter_config)
+    b, t = tokens.shape
+    if taps.shape[:2] != (b, t):
+        raise ValueError(f"taps {tuple(taps.shape)} and tokens {tuple(tokens.shape)} "
+                         "disagree on [B, T]")
+    anchors = jnp.asarray(anchors, jnp.int32)
+    model = _module(dparams, drafter_config)
+    feats = _features(model, taps, _dtype_of(dparams))
+    ctx_pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    inv_freq = _inv_freq(drafter_config)
+    ctx_kv = [layer.attn.keys_values(feats, ctx_pos, inv_freq) for layer in model.layers]
+    anchor_tokens = jnp.take_along_axis(tokens, jnp.clip(anchors, 0, t - 1), axis=1)
+    x = _block_embeddings(model, drafter_config, tparams, anchor_tokens, _dtype_of(dparams))
+    visible = jnp.arange(t, dtype=jnp.int32)[None, None, :] < anchors[:, :, None]
+    u = _blocks_forward(model, drafter_config, x, anchors, ctx_kv, visible)
+    return _heads(model, drafter_config, u)
+
+
+def select_branch(branch_hidden: Array, branch: Array) -> Array:
+    """branch_hidden [B, K, J, H], branch [B] int -> that branch's hidden [B, J, H].
+
+    Greedy-branch decoding samples z from the prior first and then projects only branch
+    z, avoiding the K-fold LM head (the dominant draft cost, see PERF_NOTES.md)."""
+    idx = jnp.asarray(branch, jnp.int32)[:, None, None, None]
+    return jnp.take_along_axis(branch_hidden, idx, axis=1)[:, 0]
+
+
+def branch_logits(tparams: Params, branch_hidden: Array, target_config: TargetConfig) -> Array:
+    """Branch hidden states [.., H] -> float32 logits [.., V] via the target's LM head."""
+    return target_lib.lm_head(tparams, branch_hidden, target_config)
+
+
+# ---- sharding ---------------------------------------------------------------------------
+
+def drafter_partition_specs(dparams_or_abstract: Params, mesh) -> Params:
+    """PartitionSpec pytree for mesh axes ("data", "fsdp", "tensor") from
+    `sharding.DRAFTER_RULES`; non-dividing dimensions are replicated and a parameter no
+    rule covers raises (so a new parameter cannot silently go unhandled)."""
+    return sharding.partition_specs(dparams_or_abstract, mesh, sharding.DRAFTER_RULES)
+
+
+def shard_drafter_params(dparams: Params, mesh) -> Params:
+    """Place drafter parameters on `mesh` according to `drafter_partition_specs`."""
+    return sharding.shard_params(dparams, mesh, sharding.DRAFTER_RULES)
