@@ -22,14 +22,13 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_fetch(args) -> int:
-    from dblast_jax.io import fetch, presets
-    names = args.names or sorted(presets.PRESETS)
-    for name in names:
-        if name not in presets.PRESETS:
-            print(f"unknown preset {name!r}; known: {', '.join(sorted(presets.PRESETS))}",
-                  file=sys.stderr)
+    from dblast_jax.io import fetch, presets  # noqa: F401  (presets registers its files)
+    known = sorted(fetch.registered())
+    for name in args.names or known:
+        if name not in known:
+            print(f"unknown file {name!r}; known: {', '.join(known)}", file=sys.stderr)
             return 2
-        path = fetch.fetch(presets.PRESETS[name])
+        path = fetch.fetch(fetch.lookup(name))
         print(f"{name}: {path}")
     return 0
 

@@ -59,9 +59,10 @@ def load_target(path_or_preset: str, dtype=jnp.float32, seed: int = 0) -> Target
         return Target(config, params, tokenizer, name)
     path = Path(os.path.expanduser(name))
     if path.is_file() and path.suffix == ".gguf":
-        from dblast_jax.io.gguf import load_gguf_with_tokenizer
-        config, params, tokenizer = load_gguf_with_tokenizer(path, dtype=dtype)
-        return Target(config, params, tokenizer, path.stem)
+        from dblast_jax.io.gguf import load_gguf
+        from dblast_jax.io.tokenizer import Tokenizer
+        config, params, metadata = load_gguf(path, dtype=dtype)
+        return Target(config, params, Tokenizer.from_gguf_metadata(metadata), path.stem)
     if path.is_dir():
         from dblast_jax.io.hf import load_hf
         from dblast_jax.io.tokenizer import Tokenizer
@@ -156,3 +157,107 @@ def generate(target: Target, prompts: Sequence[Prompt], sampling: SamplingConfig
     timing = {"seconds": seconds, "new_tokens": new_tokens,
               "tokens_per_s": new_tokens / max(seconds, 1e-9), "warmup_seconds": compile_s}
     return GenerationResult(toks, decode_outputs(target, toks), timing)
+
+
+# ---- speculative decoding ------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Drafter:
+    config: Any  # DrafterConfig
+    params: Any
+    name: str = "drafter"
+
+
+def init_drafter(target: Target, drafter_config, rng: jax.Array | int = 0,
+                 dtype=jnp.float32) -> Drafter:
+    """A randomly initialised drafter for `target` (shares its embedding and LM head)."""
+    from dblast_jax.models import drafter as drafter_lm
+    if isinstance(rng, int):
+        rng = jax.random.key(rng)
+    params = drafter_lm.init_drafter_params(drafter_config, target.config, rng, dtype)
+    return Drafter(drafter_config, params, drafter_config.name)
+
+
+def load_drafter(path: str | os.PathLike, target: Target, dtype=jnp.float32) -> Drafter:
+    """A DFlash / DBlast export folder (config.json + safetensors) for `target`."""
+    from dblast_jax.io.dflash import load_dflash
+    config, params = load_dflash(path, target.config, dtype)
+    return Drafter(config, params, Path(path).name)
+
+
+def export_drafter(drafter: Drafter, path: str | os.PathLike, format: str = "dflash",
+                   dtype: str = "float32") -> Path:
+    if format != "dflash":
+        raise ValueError(f"unsupported export format {format!r}; supported: dflash")
+    from dblast_jax.io.dflash import export_drafter as _export
+    return _export(drafter.params, drafter.config, path, dtype=dtype)
+
+
+def acceptance_stats(accepted: np.ndarray, expected: np.ndarray, block_size: int) -> dict:
+    """Summaries of per-step accepted counts ([B, steps], -1 = no step).
+
+    tau = mean(accepted + 1) per step (the bonus/residual token included, max = b);
+    per-position acceptance = P(draft i accepted | drafts 1..i-1 accepted).
+    """
+    valid = accepted >= 0
+    acc = accepted[valid]
+    exp = expected[valid]
+    hist = np.bincount(acc, minlength=block_size)[:block_size] if acc.size else np.zeros(
+        block_size, int)
+    reached = np.array([(acc >= i - 1).sum() for i in range(1, block_size)])
+    passed = np.array([(acc >= i).sum() for i in range(1, block_size)])
+    per_position = np.where(reached > 0, passed / np.maximum(reached, 1), np.nan)
+    return {
+        "steps": int(acc.size),
+        "tau": float(acc.mean() + 1) if acc.size else float("nan"),
+        "tau_expected": float(exp.mean() + 1) if acc.size else float("nan"),
+        "accepted_mean": float(acc.mean()) if acc.size else float("nan"),
+        "accepted_stderr": float(acc.std() / np.sqrt(acc.size)) if acc.size > 1 else 0.0,
+        "expected_accepted_mean": float(exp.mean()) if acc.size else float("nan"),
+        "histogram": hist.tolist(),
+        "per_position_acceptance": [None if np.isnan(x) else float(x) for x in per_position],
+    }
+
+
+def speculative_generate(target: Target, drafter: Drafter, prompts: Sequence[Prompt],
+                         sampling: SamplingConfig = SamplingConfig(),
+                         rng: jax.Array | int = 0, chat: bool = True,
+                         warmup: bool = False) -> GenerationResult:
+    """Speculative sampling: same output distribution as `generate`, fewer target passes.
+
+    `stats` holds tau (empirical and expected), the accepted-count histogram and the
+    per-position acceptance rates.
+    """
+    from dblast_jax.models.drafter import check_drafter_fits_target
+    from dblast_jax.sampler import spec_cache_size, speculative_generate_tokens
+    check_drafter_fits_target(drafter.config, target.config)
+    if isinstance(rng, int):
+        rng = jax.random.key(rng)
+    if not sampling.stop_tokens:
+        sampling = sampling.replace(stop_tokens=target.stop_ids)
+    ids = encode_prompts(target, prompts, chat=chat)
+    tokens, lengths = pad_prompts(ids)
+    cache_size = spec_cache_size(tokens.shape[1], sampling, drafter.config.block_size)
+    if cache_size > target.config.max_position_embeddings:
+        raise ValueError(f"prompt ({tokens.shape[1]} tokens, padded) + max_new_tokens "
+                         f"({sampling.max_new_tokens}) exceed the model's context of "
+                         f"{target.config.max_position_embeddings}")
+    call = lambda: speculative_generate_tokens(
+        target.params, drafter.params, tokens, lengths, rng, target_config=target.config,
+        drafter_config=drafter.config, sampling=sampling, cache_size=cache_size)
+    compile_s = 0.0
+    if warmup:
+        t0 = time.perf_counter()
+        jax.block_until_ready(call())
+        compile_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    out, counts, accepted, expected = jax.block_until_ready(call())
+    seconds = time.perf_counter() - t0
+    out, counts = np.asarray(out), np.asarray(counts)
+    toks = _trim(out, counts)
+    new_tokens = int(counts.sum())
+    timing = {"seconds": seconds, "new_tokens": new_tokens,
+              "tokens_per_s": new_tokens / max(seconds, 1e-9), "warmup_seconds": compile_s}
+    stats = acceptance_stats(np.asarray(accepted), np.asarray(expected),
+                             drafter.config.block_size)
+    return GenerationResult(toks, decode_outputs(target, toks), timing, stats)

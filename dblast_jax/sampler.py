@@ -17,7 +17,7 @@ from flax import struct
 
 from dblast_jax.config import SamplingConfig, TargetConfig
 from dblast_jax.models import target as target_lm
-from dblast_jax.sampling import sample_tokens
+from dblast_jax.sampling import sample_tokens, sampling_logprobs
 
 Array = jax.Array
 
@@ -116,3 +116,192 @@ def pad_prompts(prompts: Sequence[Sequence[int]], multiple: int = 16,
     for i, p in enumerate(prompts):
         arr[i, :len(p)] = p
     return jnp.asarray(arr), jnp.asarray(lengths, jnp.int32)
+
+
+# ---- speculative decoding ------------------------------------------------------------------
+
+# Independent PRNG streams per random decision (folded into the per-step key).
+STREAM_CATEGORY, STREAM_DRAFT, STREAM_ACCEPT, STREAM_RESIDUAL, STREAM_FIRST = range(5)
+
+
+def step_keys(rng: Array, step: Array) -> tuple[Array, Array, Array, Array]:
+    """(category, draft, accept, residual) keys of loop iteration `step`."""
+    key = jax.random.fold_in(rng, step)
+    return tuple(jax.random.fold_in(key, s) for s in
+                 (STREAM_CATEGORY, STREAM_DRAFT, STREAM_ACCEPT, STREAM_RESIDUAL))
+
+
+@struct.dataclass
+class SpecState:
+    step: Array  # [] int32: loop iterations so far
+    anchor: Array  # [B] int32: last emitted token (not yet in the target cache)
+    anchor_pos: Array  # [B] int32: its absolute position s
+    done: Array  # [B] bool
+    num_generated: Array  # [B] int32
+    out: Array  # [B, max_new_tokens + b] int32, PAD_ID past each row's end
+    accepted: Array  # [B, max_steps] int32 accepted drafts per step, -1 = no step
+    expected: Array  # [B, max_steps] float32 exact expected accepted drafts per step
+    target_cache: target_lm.KVCache
+    draft_cache: target_lm.KVCache
+    rng: Array
+
+
+def max_spec_steps(sampling: SamplingConfig) -> int:
+    # every step emits at least one token and the prefill emits the first
+    return max(sampling.max_new_tokens - 1, 1)
+
+
+def _spec_cond(state: SpecState, sampling: SamplingConfig) -> Array:
+    """Continue while some row still generates (each step emits >= 1 token per row)."""
+    return jnp.logical_and(state.step < max_spec_steps(sampling),
+                           jnp.logical_not(jnp.all(state.done)))
+
+
+def _draft(dparams, tparams, state: SpecState, keys, tcfg, dcfg, sampling: SamplingConfig):
+    """Propose d_1..d_{b-1} per row and the dense proposal Q used to verify them."""
+    from dblast_jax import verify
+    from dblast_jax.models import drafter as drafter_lm
+    k_cat, k_draft = keys[0], keys[1]
+    hidden, prior = drafter_lm.draft_hidden(dparams, tparams, state.anchor, state.anchor_pos,
+                                            state.draft_cache, drafter_config=dcfg,
+                                            target_config=tcfg)
+    draw_logp = jax.nn.log_softmax(prior.astype(jnp.float32) / sampling.category_temperature,
+                                   axis=-1)  # [B, K]: pi', the law z is drawn from
+    z = jax.random.categorical(k_cat, draw_logp, axis=-1)
+    vocab = tcfg.vocab_size
+    if sampling.verify_mode == "mixture":
+        all_logits = drafter_lm.branch_logits(tparams, hidden, tcfg)  # [B, K, b-1, V]
+        branch_tokens = jnp.argmax(all_logits, axis=-1).astype(jnp.int32)
+        drafts = jnp.take_along_axis(branch_tokens, z[:, None, None], axis=1)[:, 0]
+        proposal = verify.mixture_proposal(branch_tokens, None, drafts, jnp.exp(draw_logp),
+                                           vocab)
+        return drafts, proposal
+    logits = drafter_lm.branch_logits(tparams, drafter_lm.select_branch(hidden, z), tcfg)
+    if sampling.verify_mode == "sampled-branch" and sampling.temperature > 0:
+        log_q = jax.nn.log_softmax(logits / sampling.draft_temperature, axis=-1)
+        drafts = jax.random.categorical(k_draft, log_q, axis=-1).astype(jnp.int32)
+        return drafts, jnp.exp(log_q)
+    drafts = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    return drafts, verify.one_hot_proposal(drafts, vocab)
+
+
+def _per_row_write(buf: Array, new: Array, starts: Array) -> Array:
+    """buf [B, N], new [B, n]: row b written at starts[b]."""
+    return jax.vmap(lambda r, x, s: jax.lax.dynamic_update_slice(r, x, (s,)))(buf, new, starts)
+
+
+def _spec_body(state: SpecState, tparams, dparams, tcfg: TargetConfig, dcfg,
+               sampling: SamplingConfig) -> SpecState:
+    from dblast_jax import verify
+    from dblast_jax.models import drafter as drafter_lm
+    keys = step_keys(state.rng, state.step)
+    drafts, proposal = _draft(dparams, tparams, state, keys, tcfg, dcfg, sampling)
+    block = jnp.concatenate([state.anchor[:, None], drafts], axis=1)  # [B, b]
+    logits, taps, target_cache = target_lm.extend(
+        tparams, block, state.anchor_pos, state.target_cache, config=tcfg,
+        tap_layers=dcfg.target_layer_ids)
+    if sampling.temperature <= 0:
+        verdict = verify.verify_greedy(logits, drafts)
+    else:
+        probs = jnp.exp(sampling_logprobs(logits, sampling.temperature, sampling.top_k,
+                                          sampling.top_p))
+        verdict = verify.verify_block(keys[2], keys[3], probs, drafts, proposal)
+    n = verdict.num_accepted
+    b = block.shape[1]
+    idx = jnp.arange(b, dtype=jnp.int32)[None, :]
+    padded = jnp.concatenate([drafts, jnp.full_like(drafts[:, :1], PAD_ID)], axis=1)
+    emitted = jnp.where(idx < n[:, None], padded,
+                        jnp.where(idx == n[:, None], verdict.next_token[:, None], PAD_ID))
+    stop_hit = _is_stop(emitted, sampling.stop_tokens) & (idx <= n[:, None])
+    first_stop = jnp.where(jnp.any(stop_hit, axis=1), jnp.argmax(stop_hit, axis=1), b)
+    active = jnp.logical_not(state.done)
+    count = jnp.minimum(jnp.minimum(n + 1, first_stop + 1),
+                        sampling.max_new_tokens - state.num_generated)
+    count = jnp.where(active, count, 0)
+    emitted = jnp.where(idx < count[:, None], emitted, PAD_ID)
+    out = _per_row_write(state.out, emitted, state.num_generated)
+    num_generated = state.num_generated + count
+    done = state.done | jnp.any(stop_hit & (idx < count[:, None]), axis=1) | (
+        num_generated >= sampling.max_new_tokens)
+    draft_cache = drafter_lm.append_context(dparams, taps, state.anchor_pos, state.draft_cache,
+                                            drafter_config=dcfg)
+    new_pos = jnp.where(active, state.anchor_pos + n + 1, state.anchor_pos)
+    target_cache = target_cache.replace(lengths=new_pos)
+    step_col = lambda buf, val, fill: jax.lax.dynamic_update_slice(
+        buf, jnp.where(active, val, fill)[:, None].astype(buf.dtype), (0, state.step))
+    return SpecState(
+        step=state.step + 1,
+        anchor=jnp.where(active, verdict.next_token, state.anchor),
+        anchor_pos=new_pos, done=done, num_generated=num_generated, out=out,
+        accepted=step_col(state.accepted, n, -1),
+        expected=step_col(state.expected, verdict.expected_accepted, 0.0),
+        target_cache=target_cache, draft_cache=draft_cache.replace(lengths=new_pos),
+        rng=state.rng)
+
+
+def _spec_init(tparams, dparams, prompt_tokens: Array, prompt_lengths: Array, rng: Array,
+               tcfg: TargetConfig, dcfg, sampling: SamplingConfig, cache_size: int) -> SpecState:
+    """Target prefill (with feature taps), the first token, and the draft cache."""
+    from dblast_jax.models import drafter as drafter_lm
+    logits, taps, target_cache = target_lm.prefill(
+        tparams, prompt_tokens, prompt_lengths, config=tcfg, cache_size=cache_size,
+        tap_layers=dcfg.target_layer_ids, last_logits_only=True)
+    first = sample_tokens(jax.random.fold_in(rng, 0x7FFFFFFF), logits[:, 0],
+                          sampling.temperature, sampling.top_k, sampling.top_p)
+    bsz = prompt_tokens.shape[0]
+    draft_cache = drafter_lm.init_draft_cache(dcfg, bsz, cache_size,
+                                              jax.tree.leaves(dparams)[0].dtype)
+    draft_cache = drafter_lm.append_context(dparams, taps, jnp.zeros((bsz,), jnp.int32),
+                                            draft_cache, drafter_config=dcfg)
+    n, b, steps = sampling.max_new_tokens, dcfg.block_size, max_spec_steps(sampling)
+    lengths = prompt_lengths.astype(jnp.int32)
+    return SpecState(
+        step=jnp.int32(0), anchor=first, anchor_pos=lengths,
+        done=_is_stop(first, sampling.stop_tokens) | (n <= 1),
+        num_generated=jnp.ones((bsz,), jnp.int32),
+        out=jnp.full((bsz, n + b), PAD_ID, jnp.int32).at[:, 0].set(first),
+        accepted=jnp.full((bsz, steps), -1, jnp.int32),
+        expected=jnp.zeros((bsz, steps), jnp.float32),
+        target_cache=target_cache, draft_cache=draft_cache.replace(lengths=lengths), rng=rng)
+
+
+def spec_cache_size(prompt_width: int, sampling: SamplingConfig, block_size: int) -> int:
+    return cache_size_for(prompt_width, sampling.max_new_tokens, extra=block_size)
+
+
+@functools.partial(jax.jit, static_argnames=("target_config", "drafter_config", "sampling",
+                                             "cache_size"))
+def speculative_generate_tokens(tparams, dparams, prompt_tokens: Array, prompt_lengths: Array,
+                                rng: Array, *, target_config: TargetConfig, drafter_config,
+                                sampling: SamplingConfig, cache_size: int):
+    """Speculative decoding of a right-padded batch in one jitted while_loop.
+
+    Returns (tokens [B, max_new_tokens] with PAD_ID past each row's end,
+    num_generated [B], accepted [B, max_steps] (-1 = no step), expected [B, max_steps]).
+    """
+    state = _spec_init(tparams, dparams, prompt_tokens, prompt_lengths, rng, target_config,
+                       drafter_config, sampling, cache_size)
+    state = jax.lax.while_loop(
+        functools.partial(_spec_cond, sampling=sampling),
+        functools.partial(_spec_body, tparams=tparams, dparams=dparams, tcfg=target_config,
+                          dcfg=drafter_config, sampling=sampling),
+        state)
+    n = sampling.max_new_tokens
+    return state.out[:, :n], state.num_generated, state.accepted, state.expected
+
+
+def python_driven_speculative(tparams, dparams, prompt_tokens, prompt_lengths, rng, *,
+                              target_config, drafter_config, sampling, cache_size):
+    """The same steps driven from Python (one jitted, state-donating step per iteration).
+
+    Exists to measure what the on-device loop saves; results equal the while_loop's.
+    """
+    init = jax.jit(_spec_init, static_argnums=(5, 6, 7, 8))
+    step = jax.jit(functools.partial(_spec_body, tcfg=target_config, dcfg=drafter_config,
+                                     sampling=sampling), donate_argnums=0)
+    state = init(tparams, dparams, prompt_tokens, prompt_lengths, rng, target_config,
+                 drafter_config, sampling, cache_size)
+    while bool(_spec_cond(state, sampling)):
+        state = step(state, tparams, dparams)
+    n = sampling.max_new_tokens
+    return state.out[:, :n], state.num_generated, state.accepted, state.expected

@@ -1,0 +1,313 @@
+"""The speculative sampler: exactly lossless in every mode, equal to a reference loop.
+
+Losslessness is tested statistically: a tiny target (vocabulary 6, 4 new tokens, so all
+6**4 sequences can be enumerated), a random drafter unlike it, many samples in one
+vectorised call, and a chi-square test against the exact target distribution. Each test
+has a false-alarm rate of 1e-4 (P_VALUE); with the ~20 cases here the chance that a
+correct sampler fails any of them is below 0.3%. The same test run on a deliberately
+broken verifier must fail, which shows it has power.
+"""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from dblast_jax import verify
+from dblast_jax.config import DrafterConfig, SamplingConfig, TargetConfig
+from dblast_jax.models import drafter as D
+from dblast_jax.models import target as T
+from dblast_jax.sampler import (PAD_ID, generate_tokens, pad_prompts, python_driven_speculative,
+                                spec_cache_size, speculative_generate_tokens, step_keys)
+from dblast_jax.sampling import sampling_logprobs
+
+P_VALUE = 1e-4
+VOCAB, NEW, BLOCK, SAMPLES = 6, 4, 3, 30000
+PROMPT = [1, 4]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    tc = TargetConfig.tiny_llama(vocab_size=VOCAB, hidden_size=16, intermediate_size=24,
+                                 num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8)
+    tp = T.init_params(tc, 11)
+    # a peaked, context-dependent target: large embeddings make confident logits
+    tp["embed"]["embedding"] = tp["embed"]["embedding"] * 4.0
+    dc = DrafterConfig.for_target(tc, num_layers=1, block_size=BLOCK, num_categories=4,
+                                  target_layer_ids=(0,))
+    dp = D.init_drafter_params(dc, tc, jax.random.key(5))
+    dp = jax.tree.map(lambda x: x * 3.0, dp)  # confident, and unlike the target
+    return tc, tp, dc, dp
+
+
+def exact_distribution(tc, tp, sampling):
+    """Exact probability of each of the VOCAB**NEW continuations of PROMPT."""
+    seqs = np.array(list(itertools.product(range(VOCAB), repeat=NEW)), np.int32)
+    full = np.concatenate([np.tile(PROMPT, (len(seqs), 1)), seqs], axis=1)
+    logits, _ = T.forward(tp, jnp.asarray(full), config=tc)
+    logp = sampling_logprobs(logits[:, len(PROMPT) - 1:-1], sampling.temperature,
+                             sampling.top_k, sampling.top_p)  # [N, NEW, V]
+    picked = np.take_along_axis(np.asarray(logp), seqs[..., None], axis=-1)[..., 0]
+    probs = np.exp(picked.sum(-1))
+    return seqs, probs / probs.sum()
+
+
+def sample_sequences(tc, tp, dc, dp, sampling, n=SAMPLES, seed=0):
+    tokens = jnp.tile(jnp.asarray([PROMPT], jnp.int32), (n, 1))
+    lengths = jnp.full((n,), len(PROMPT), jnp.int32)
+    out, counts, accepted, expected = speculative_generate_tokens(
+        tp, dp, tokens, lengths, jax.random.key(seed), target_config=tc, drafter_config=dc,
+        sampling=sampling, cache_size=spec_cache_size(len(PROMPT), sampling, dc.block_size))
+    out = np.asarray(out)
+    assert (np.asarray(counts) == NEW).all() and (out != PAD_ID).all()
+    return out, np.asarray(accepted), np.asarray(expected)
+
+
+def chi_square_pvalue(samples, seqs, probs):
+    index = {tuple(s): i for i, s in enumerate(seqs)}
+    counts = np.bincount([index[tuple(s)] for s in samples], minlength=len(seqs))
+    assert counts[probs == 0].sum() == 0, "sampled a sequence of probability 0"
+    expected = probs * len(samples)
+    big = expected >= 5
+    obs = np.append(counts[big], counts[~big].sum())
+    exp = np.append(expected[big], expected[~big].sum())
+    keep = exp > 0
+    chi2 = (((obs[keep] - exp[keep]) ** 2) / exp[keep]).sum()
+    return stats.chi2.sf(chi2, keep.sum() - 1)
+
+
+CASES = [(mode, temp, 0, 1.0) for mode in ("greedy-branch", "sampled-branch", "mixture")
+         for temp in (0.7, 1.0, 1.5)]
+CASES += [(mode, 1.0, 3, 0.9) for mode in ("greedy-branch", "sampled-branch", "mixture")]
+CASES += [("greedy-branch", 1.5, 0, 0.7), ("sampled-branch", 0.7, 4, 1.0)]
+
+
+@pytest.mark.parametrize("mode,temperature,top_k,top_p", CASES)
+def test_lossless_against_exact_target_distribution(tiny, mode, temperature, top_k, top_p):
+    tc, tp, dc, dp = tiny
+    sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p,
+                              max_new_tokens=NEW, verify_mode=mode, category_temperature=1.3,
+                              draft_temperature=0.8)
+    seqs, probs = exact_distribution(tc, tp, sampling)
+    samples, accepted, expected = sample_sequences(tc, tp, dc, dp, sampling)
+    assert chi_square_pvalue(samples, seqs, probs) > P_VALUE
+    # the drafts are not trivially rejected: the test exercises acceptance paths
+    assert (accepted > 0).mean() > 0.02
+
+
+_CORRECT_VERIFY_BLOCK = verify.verify_block
+
+
+def _broken_verify_block(rng_accept, rng_residual, target_probs, drafts, proposal):
+    """A classic bug: at a rejection, sample from p instead of the residual max(0, p - Q)."""
+    verdict = _CORRECT_VERIFY_BLOCK(rng_accept, rng_residual, target_probs, drafts, proposal)
+    dist = jnp.take_along_axis(target_probs, verdict.num_accepted[:, None, None], axis=1)[:, 0]
+    token = jax.random.categorical(rng_residual, jnp.log(jnp.maximum(dist, 1e-38)), axis=-1)
+    return verdict._replace(next_token=token.astype(jnp.int32))
+
+
+def test_the_test_has_power_on_a_broken_verifier(tiny, monkeypatch):
+    tc, tp, dc, dp = tiny
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=NEW, verify_mode="greedy-branch")
+    seqs, probs = exact_distribution(tc, tp, sampling)
+    monkeypatch.setattr(verify, "verify_block", _broken_verify_block)
+    jax.clear_caches()
+    try:
+        samples, _, _ = sample_sequences(tc, tp, dc, dp, sampling, seed=1)
+    finally:
+        monkeypatch.undo()
+        jax.clear_caches()
+    assert chi_square_pvalue(samples, seqs, probs) < P_VALUE
+
+
+def test_expected_accepted_matches_empirical_mean(tiny):
+    tc, tp, dc, dp = tiny
+    for mode in ("greedy-branch", "sampled-branch"):
+        sampling = SamplingConfig(temperature=1.0, max_new_tokens=NEW, verify_mode=mode)
+        _, accepted, expected = sample_sequences(tc, tp, dc, dp, sampling, n=20000, seed=3)
+        valid = accepted >= 0
+        diff = accepted[valid] - expected[valid]
+        assert abs(diff.mean()) < 4 * diff.std() / np.sqrt(diff.size) + 1e-6
+        # the exact expectation has lower variance than the count it predicts
+        assert expected[valid].var() < accepted[valid].var()
+
+
+def test_mixture_accepts_at_least_as_much_as_greedy_branch_on_the_same_drafts():
+    rng = np.random.default_rng(0)
+    bsz, k, n, vocab = 64, 4, 5, 7
+    branch_tokens = jnp.asarray(rng.integers(0, 3, (bsz, k, n)), jnp.int32)  # overlapping
+    draw = jax.nn.softmax(jnp.asarray(rng.normal(size=(bsz, k)), jnp.float32))
+    z = jnp.asarray(rng.integers(0, k, bsz))
+    drafts = branch_tokens[jnp.arange(bsz), z]
+    probs = jax.nn.softmax(jnp.asarray(rng.normal(size=(bsz, n + 1, vocab)) * 2, jnp.float32))
+    keys = jax.random.split(jax.random.key(0), 2)
+    greedy = verify.verify_block(keys[0], keys[1], probs, drafts,
+                                 verify.one_hot_proposal(drafts, vocab))
+    mix_q = verify.mixture_proposal(branch_tokens, None, drafts, draw, vocab)
+    np.testing.assert_allclose(mix_q.sum(-1), 1.0, rtol=1e-5)
+    mixture = verify.verify_block(keys[0], keys[1], probs, drafts, mix_q)
+    assert (np.asarray(mixture.alphas) >= np.asarray(greedy.alphas) - 1e-7).all()
+    assert (np.asarray(mixture.expected_accepted) >= np.asarray(greedy.expected_accepted)
+            - 1e-6).all()
+    assert (np.asarray(mixture.num_accepted) >= np.asarray(greedy.num_accepted)).all()
+    assert np.asarray(mixture.expected_accepted).mean() > np.asarray(
+        greedy.expected_accepted).mean()
+
+
+@pytest.mark.parametrize("num_categories", [1, 4])
+def test_temperature_zero_equals_plain_greedy_whatever_the_drafter(num_categories):
+    tc = TargetConfig.tiny_qwen3()
+    tp = T.init_params(tc, 2)
+    dc = DrafterConfig.for_target(tc, num_layers=2, block_size=4, num_categories=num_categories)
+    dp = D.init_drafter_params(dc, tc, jax.random.key(1))
+    tokens, lengths = pad_prompts([[3, 4, 5, 6, 7], [8, 9], [10, 11, 12]])
+    for mode in ("greedy-branch", "mixture"):
+        sampling = SamplingConfig(temperature=0.0, max_new_tokens=11, verify_mode=mode)
+        cache = spec_cache_size(tokens.shape[1], sampling, dc.block_size)
+        spec = speculative_generate_tokens(tp, dp, tokens, lengths, jax.random.key(0),
+                                           target_config=tc, drafter_config=dc,
+                                           sampling=sampling, cache_size=cache)
+        plain = generate_tokens(tp, tokens, lengths, jax.random.key(0), config=tc,
+                                sampling=sampling, cache_size=cache)
+        np.testing.assert_array_equal(spec[0], plain[0])
+        np.testing.assert_array_equal(spec[1], plain[1])
+
+
+# ---- an independent reference: no caches, explicit per-row / per-position loops -------------
+
+def reference_speculative(tp, dp, prompts, rng, tc, dc, sampling):
+    """Straightforward re-implementation with the same random draws as the sampler.
+
+    Each step recomputes the target over the whole sequence (no KV cache), runs the drafter
+    through its *training* pass on the full context (no draft cache), and verifies in numpy
+    with a Python loop over positions. Random numbers come from the same keys and shapes as
+    the on-device loop (`jax.random.categorical` is argmax(logits + gumbel)).
+    """
+    bsz, b = len(prompts), dc.block_size
+    width = max(len(p) for p in prompts)
+    padded = np.zeros((bsz, width), np.int32)
+    for i, p in enumerate(prompts):
+        padded[i, :len(p)] = p
+    logits0, _, _ = T.prefill(tp, jnp.asarray(padded), jnp.asarray([len(p) for p in prompts]),
+                              config=tc, cache_size=width, last_logits_only=True)
+    first = np.asarray(jax.random.categorical(
+        jax.random.fold_in(rng, 0x7FFFFFFF),
+        sampling_logprobs(logits0[:, 0], sampling.temperature, sampling.top_k, sampling.top_p)))
+    seqs = [list(p) + [int(first[i])] for i, p in enumerate(prompts)]
+    outs = [[int(first[i])] for i in range(bsz)]
+    done = [False] * bsz
+    accepted_log = [[] for _ in range(bsz)]
+    step = 0
+    while step < sampling.max_new_tokens - 1 and not all(done):
+        k_cat, k_draft, k_acc, k_res = step_keys(rng, jnp.int32(step))
+        priors, branch_logits = [], []
+        for seq in seqs:
+            ctx = jnp.asarray([seq])
+            _, taps = T.forward(tp, ctx, config=tc, tap_layers=dc.target_layer_ids)
+            hidden, prior = D.train_hidden(dp, tp, taps, ctx, jnp.asarray([[len(seq) - 1]]),
+                                           drafter_config=dc, target_config=tc)
+            priors.append(np.asarray(prior[0, 0]))
+            branch_logits.append(np.asarray(D.branch_logits(tp, hidden[0, 0], tc)))  # [K,b-1,V]
+        draw_logp = np.asarray(jax.nn.log_softmax(
+            jnp.asarray(np.stack(priors)) / sampling.category_temperature, axis=-1))
+        z = np.argmax(draw_logp + np.asarray(jax.random.gumbel(k_cat, draw_logp.shape)), -1)
+        chosen = np.stack([branch_logits[i][z[i]] for i in range(bsz)])  # [B, b-1, V]
+        log_q = np.asarray(jax.nn.log_softmax(jnp.asarray(chosen) / sampling.draft_temperature,
+                                              axis=-1))
+        drafts = np.argmax(log_q + np.asarray(jax.random.gumbel(k_draft, log_q.shape)), -1)
+        uniforms = np.asarray(jax.random.uniform(k_acc, (bsz, b - 1)))
+        gumbel_res = np.asarray(jax.random.gumbel(k_res, (bsz, tc.vocab_size)))
+        for i in range(bsz):
+            if done[i]:
+                continue
+            block = seqs[i] + list(drafts[i])
+            logits, _ = T.forward(tp, jnp.asarray([block]), config=tc)
+            p = np.exp(np.asarray(sampling_logprobs(logits[0, len(seqs[i]) - 1:],
+                                                    sampling.temperature, sampling.top_k,
+                                                    sampling.top_p), np.float64))
+            q = np.exp(log_q[i].astype(np.float64))
+            n_acc, emitted = 0, None
+            for j in range(b - 1):
+                d = drafts[i, j]
+                if uniforms[i, j] < min(1.0, p[j, d] / q[j, d]):
+                    n_acc += 1
+                    continue
+                resid = np.maximum(p[j] - q[j], 0.0)
+                with np.errstate(divide="ignore"):
+                    emitted = int(np.argmax(np.log(resid / resid.sum()) + gumbel_res[i]))
+                break
+            if emitted is None:
+                emitted = int(np.argmax(np.log(p[b - 1]) + gumbel_res[i]))
+            accepted_log[i].append(n_acc)
+            new = list(drafts[i, :n_acc]) + [emitted]
+            for t in new:
+                if len(outs[i]) < sampling.max_new_tokens:
+                    outs[i].append(int(t))
+            if len(outs[i]) >= sampling.max_new_tokens:
+                done[i] = True
+            seqs[i] = seqs[i] + new
+        step += 1
+    return outs, accepted_log
+
+
+def test_while_loop_equals_reference_implementation():
+    tc = TargetConfig.tiny_llama(vocab_size=6)
+    tp = T.init_params(tc, 8)
+    tp["embed"]["embedding"] = tp["embed"]["embedding"] * 4.0
+    dc = DrafterConfig.for_target(tc, num_layers=1, block_size=4, num_categories=2)
+    dp = jax.tree.map(lambda x: x * 3.0, D.init_drafter_params(dc, tc, jax.random.key(2)))
+    prompts = [[1, 2, 3, 4], [5, 0]]
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=8, verify_mode="sampled-branch",
+                              draft_temperature=0.5)
+    tokens, lengths = pad_prompts(prompts)
+    rng = jax.random.key(4)
+    out, counts, accepted, _ = speculative_generate_tokens(
+        tp, dp, tokens, lengths, rng, target_config=tc, drafter_config=dc, sampling=sampling,
+        cache_size=spec_cache_size(tokens.shape[1], sampling, dc.block_size))
+    ref_out, ref_acc = reference_speculative(tp, dp, prompts, rng, tc, dc, sampling)
+    for i in range(len(prompts)):
+        assert list(np.asarray(out[i, :counts[i]])) == ref_out[i]
+        got_acc = [a for a in np.asarray(accepted[i]) if a >= 0]
+        assert got_acc == ref_acc[i]
+    assert sum(len(a) for a in ref_acc) > 0 and max(max(a) for a in ref_acc) > 0
+
+
+def test_python_driven_loop_and_no_recompilation():
+    tc = TargetConfig.tiny_llama()
+    tp = T.init_params(tc, 0)
+    dc = DrafterConfig.for_target(tc, num_layers=1, block_size=4, num_categories=2)
+    dp = D.init_drafter_params(dc, tc, jax.random.key(0))
+    tokens, lengths = pad_prompts([[1, 2, 3], [4, 5]])
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=8)
+    kwargs = dict(target_config=tc, drafter_config=dc, sampling=sampling,
+                  cache_size=spec_cache_size(tokens.shape[1], sampling, dc.block_size))
+    a = speculative_generate_tokens(tp, dp, tokens, lengths, jax.random.key(1), **kwargs)
+    size = speculative_generate_tokens._cache_size()
+    speculative_generate_tokens(tp, dp, tokens + 1, lengths, jax.random.key(2), **kwargs)
+    assert speculative_generate_tokens._cache_size() == size
+    b = python_driven_speculative(tp, dp, tokens, lengths, jax.random.key(1), **kwargs)
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_stop_tokens_truncate_inside_an_accepted_block():
+    tc = TargetConfig.tiny_llama()
+    tp = T.init_params(tc, 3)
+    dc = DrafterConfig.for_target(tc, num_layers=1, block_size=4)
+    dp = D.init_drafter_params(dc, tc, jax.random.key(0))
+    tokens, lengths = pad_prompts([[5, 6, 7]])
+    greedy = SamplingConfig(temperature=0.0, max_new_tokens=10)
+    cache = spec_cache_size(tokens.shape[1], greedy, dc.block_size)
+    free = np.asarray(generate_tokens(tp, tokens, lengths, jax.random.key(0), config=tc,
+                                      sampling=greedy, cache_size=cache)[0])[0]
+    stop = int(free[3])
+    out, counts, _, _ = speculative_generate_tokens(
+        tp, dp, tokens, lengths, jax.random.key(0), target_config=tc, drafter_config=dc,
+        sampling=greedy.replace(stop_tokens=(stop,)), cache_size=cache)
+    first = list(free).index(stop)
+    assert int(counts[0]) == first + 1
+    assert list(np.asarray(out[0, :first + 1])) == list(free[:first + 1])
+    assert (np.asarray(out[0, first + 1:]) == PAD_ID).all()
