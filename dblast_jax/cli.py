@@ -37,24 +37,50 @@ def _cmd_generate(args) -> int:
     import jax.numpy as jnp
 
     from dblast_jax.config import SamplingConfig
-    from dblast_jax.generation import generate, load_target
+    from dblast_jax.generation import generate, load_target, speculative_generate
 
     dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[args.dtype]
     target = load_target(args.model, dtype=dtype)
     prompts = args.prompt or ["Write a haiku about speculative decoding."]
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                              max_new_tokens=args.max_new_tokens)
-    result = generate(target, prompts, sampling, rng=args.seed, chat=not args.no_chat)
+                              max_new_tokens=args.max_new_tokens, verify_mode=args.verify_mode,
+                              category_temperature=args.category_temperature,
+                              draft_temperature=args.draft_temperature)
+    if args.drafter:
+        drafter = _drafter_for(args.drafter, target, dtype)
+        result = speculative_generate(target, drafter, prompts, sampling, rng=args.seed,
+                                      chat=not args.no_chat, warmup=args.warmup)
+    else:
+        result = generate(target, prompts, sampling, rng=args.seed, chat=not args.no_chat,
+                          warmup=args.warmup)
     if args.json:
-        print(json.dumps({"model": target.name, "prompts": prompts, "text": result.text,
-                          "tokens": result.tokens, "timing": result.timing}, indent=1))
+        print(json.dumps({"model": target.name, "drafter": args.drafter, "prompts": prompts,
+                          "text": result.text, "tokens": result.tokens,
+                          "timing": result.timing, "stats": result.stats}, indent=1))
         return 0
     for prompt, text in zip(prompts, result.text):
         print(f">>> {prompt}\n{text}\n")
     t = result.timing
-    print(f"[{target.name}] {t['new_tokens']} new tokens in {t['seconds']:.2f} s "
-          f"(incl. compile) = {t['tokens_per_s']:.1f} tok/s")
+    note = "" if args.warmup else " (incl. compile; --warmup excludes it)"
+    line = (f"[{target.name}] {t['new_tokens']} new tokens in {t['seconds']:.2f} s{note} = "
+            f"{t['tokens_per_s']:.1f} tok/s")
+    if result.stats:
+        line += (f"; tau {result.stats['tau']:.2f} (expected {result.stats['tau_expected']:.2f})"
+                 f" over {result.stats['steps']} steps")
+    print(line)
     return 0
+
+
+def _drafter_for(spec: str, target, dtype):
+    """A drafter folder, or `random` / `random-kN` (untrained: shows the overhead floor)."""
+    from dblast_jax.config import DrafterConfig
+    from dblast_jax.generation import init_drafter, load_drafter
+    if spec.startswith("random"):
+        k = int(spec.split("-k")[1]) if "-k" in spec else 1
+        config = DrafterConfig.for_target(target.config, num_layers=1, block_size=8,
+                                          num_categories=k)
+        return init_drafter(target, config, 0, dtype)
+    return load_drafter(spec, target, dtype)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,6 +99,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--drafter", help="drafter folder (DFlash/DBlast export) for speculative "
+                   "decoding, or random / random-kN for an untrained one")
+    p.add_argument("--verify-mode", default="greedy-branch",
+                   choices=("greedy-branch", "sampled-branch", "mixture"))
+    p.add_argument("--category-temperature", type=float, default=1.0)
+    p.add_argument("--draft-temperature", type=float, default=1.0)
+    p.add_argument("--warmup", action="store_true",
+                   help="compile first so the reported speed excludes compilation")
     _add_sampling_args(p)
     p.set_defaults(func=_cmd_generate)
     return parser

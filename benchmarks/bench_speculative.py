@@ -1,0 +1,186 @@
+"""Speculative decoding costs on this machine, measured side by side in one run.
+
+  drafter-cost : one draft pass (K = 1 / K = 4; greedy-branch projects one branch,
+                 mixture all K) vs one target verify pass over b tokens.
+  loop         : per-step time of the on-device while_loop vs the same jitted step
+                 driven from Python (tiny models, batch 1).
+  e2e          : speculative vs plain tokens/s on the real target, with tau beside it.
+                 An untrained (random) drafter shows the overhead floor.
+
+    python benchmarks/bench_speculative.py --parts drafter-cost loop e2e
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dblast_jax.config import DrafterConfig, SamplingConfig, TargetConfig
+from dblast_jax.generation import (acceptance_stats, encode_prompts, init_drafter, load_drafter,
+                                   load_target)
+from dblast_jax.models import drafter as D
+from dblast_jax.models import target as T
+from dblast_jax.sampler import (cache_size_for, generate_tokens, pad_prompts,
+                                python_driven_speculative, spec_cache_size,
+                                speculative_generate_tokens)
+
+
+def median_time(fn, repeats):
+    jax.block_until_ready(fn())  # compile / warm up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def drafter_cost(target, block, batches, repeats):
+    rows = []
+    tc = target.config
+    cache_len = 256
+    for batch in batches:
+        tokens = jnp.ones((batch, 64), jnp.int32)
+        lengths = jnp.full((batch,), 64, jnp.int32)
+        _, _, tcache = T.prefill(target.params, tokens, lengths, config=tc, cache_size=cache_len)
+        verify = jax.jit(functools.partial(T.extend, config=tc))
+        block_tokens = jnp.ones((batch, block), jnp.int32)
+        pos = jnp.full((batch,), 64, jnp.int32)
+        t_verify = median_time(lambda: verify(target.params, block_tokens, pos, tcache)[0], repeats)
+        for k in (1, 4):
+            dcfg = DrafterConfig.for_target(tc, num_layers=1, block_size=block, num_categories=k)
+            drafter = init_drafter(target, dcfg, 0)
+            dcache = D.init_draft_cache(dcfg, batch, cache_len)
+            taps = jnp.zeros((batch, 64, len(dcfg.target_layer_ids), tc.hidden_size))
+            dcache = D.append_context(drafter.params, taps, jnp.zeros((batch,), jnp.int32), dcache,
+                                      drafter_config=dcfg)
+
+            def one_branch(dp, tp, cache):
+                hidden, prior = D.draft_hidden(dp, tp, pos[:, 0] * 0 + 1, pos, cache,
+                                               drafter_config=dcfg, target_config=tc)
+                z = jnp.argmax(prior, -1)
+                return jnp.argmax(D.branch_logits(tp, D.select_branch(hidden, z), tc), -1)
+
+            def all_branches(dp, tp, cache):
+                hidden, _ = D.draft_hidden(dp, tp, pos[:, 0] * 0 + 1, pos, cache,
+                                           drafter_config=dcfg, target_config=tc)
+                return jnp.argmax(D.branch_logits(tp, hidden, tc), -1)
+
+            def body_only(dp, tp, cache):
+                return D.draft_hidden(dp, tp, pos[:, 0] * 0 + 1, pos, cache,
+                                      drafter_config=dcfg, target_config=tc)[0]
+
+            for name, fn in (("one branch + head", one_branch), ("all K + head", all_branches),
+                             ("drafter body only", body_only)):
+                if k == 1 and name == "all K + head":
+                    continue
+                f = jax.jit(fn)
+                t = median_time(lambda: f(drafter.params, target.params, dcache), repeats)
+                rows.append({"part": "drafter-cost", "batch": batch, "K": k, "what": name,
+                             "draft_ms": 1e3 * t, "verify_ms": 1e3 * t_verify,
+                             "ratio": t / t_verify})
+                print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def loop_overhead(steps, repeats):
+    tc = TargetConfig.tiny_llama()
+    target_params = T.init_params(tc, 0)
+    dcfg = DrafterConfig.for_target(tc, num_layers=1, block_size=4)
+    dparams = D.init_drafter_params(dcfg, tc, 0)
+    tokens, lengths = pad_prompts([[1, 2, 3, 4]])
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=steps + 1, stop_tokens=())
+    kw = dict(target_config=tc, drafter_config=dcfg, sampling=sampling,
+              cache_size=spec_cache_size(tokens.shape[1], sampling, dcfg.block_size))
+    run_loop = lambda: speculative_generate_tokens(target_params, dparams, tokens, lengths,
+                                                   jax.random.key(0), **kw)
+    run_py = lambda: python_driven_speculative(target_params, dparams, tokens, lengths,
+                                               jax.random.key(0), **kw)
+    n_steps = int((np.asarray(run_loop()[2]) >= 0).sum())
+    t_loop = median_time(run_loop, repeats)
+    t_py = median_time(run_py, repeats)
+    row = {"part": "loop", "steps": n_steps, "while_loop_ms_per_step": 1e3 * t_loop / n_steps,
+           "python_loop_ms_per_step": 1e3 * t_py / n_steps, "ratio_python_over_device": t_py / t_loop}
+    print(json.dumps(row), flush=True)
+    return [row]
+
+
+def end_to_end(target, drafter, batches, temps, new_tokens, repeats):
+    rows = []
+    prompts = ["Explain speculative decoding to a new engineer.",
+               "Write a short poem about the sea at night.",
+               "What are three tips for learning a new language?",
+               "How does a hash map work?"]
+    for batch in batches:
+        ids = encode_prompts(target, [prompts[i % len(prompts)] for i in range(batch)])
+        tokens, lengths = pad_prompts(ids)
+        for temp in temps:
+            sampling = SamplingConfig(temperature=temp, max_new_tokens=new_tokens, stop_tokens=())
+            plain_cache = cache_size_for(tokens.shape[1], new_tokens)
+            t_plain = median_time(lambda: generate_tokens(
+                target.params, tokens, lengths, jax.random.key(0), config=target.config,
+                sampling=sampling, cache_size=plain_cache), repeats)
+            spec_call = lambda: speculative_generate_tokens(
+                target.params, drafter.params, tokens, lengths, jax.random.key(0),
+                target_config=target.config, drafter_config=drafter.config, sampling=sampling,
+                cache_size=spec_cache_size(tokens.shape[1], sampling, drafter.config.block_size))
+            t_spec = median_time(spec_call, repeats)
+            _, _, acc, exp = spec_call()
+            stats = acceptance_stats(np.asarray(acc), np.asarray(exp), drafter.config.block_size)
+            n = batch * new_tokens
+            rows.append({"part": "e2e", "batch": batch, "temperature": temp,
+                         "new_tokens": new_tokens, "drafter": drafter.name,
+                         "plain_tok_s": n / t_plain, "spec_tok_s": n / t_spec,
+                         "speedup": t_plain / t_spec, "tau": stats["tau"],
+                         "tau_expected": stats["tau_expected"]})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--parts", nargs="+", default=["drafter-cost", "loop", "e2e"])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--drafter", default="random",
+                        help="a drafter folder, or random (untrained, K = 1)")
+    parser.add_argument("--block", type=int, default=16)
+    parser.add_argument("--e2e-block", type=int, default=8)
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--loop-steps", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", help="also write all rows here")
+    args = parser.parse_args()
+
+    rows = []
+    target = None
+    if "drafter-cost" in args.parts or "e2e" in args.parts:
+        target = load_target(args.model)
+    if "drafter-cost" in args.parts:
+        rows += drafter_cost(target, args.block, args.batch, args.repeats)
+    if "loop" in args.parts:
+        rows += loop_overhead(args.loop_steps, args.repeats)
+    if "e2e" in args.parts:
+        if args.drafter == "random":
+            dcfg = DrafterConfig.for_target(target.config, num_layers=1, block_size=args.e2e_block)
+            drafter = init_drafter(target, dcfg, 0)
+            drafter.name = f"random-b{args.e2e_block}"
+        else:
+            drafter = load_drafter(args.drafter, target)
+        rows += end_to_end(target, drafter, args.batch, args.temperatures, args.new_tokens,
+                           args.repeats)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

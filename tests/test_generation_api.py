@@ -1,0 +1,75 @@
+"""The user-facing API (`dj.load_target`, `dj.generate`, `dj.speculative_generate`) and CLI."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+import dblast_jax as dj
+from dblast_jax import cli
+from dblast_jax.generation import acceptance_stats, init_drafter, speculative_generate
+
+
+def test_acceptance_stats_by_hand():
+    accepted = np.array([[2, 0, -1], [3, 1, 0]])
+    expected = np.array([[1.5, 0.5, 0.0], [2.0, 1.0, 0.5]])
+    s = acceptance_stats(accepted, expected, block_size=4)
+    assert s["steps"] == 5
+    assert s["tau"] == pytest.approx(np.mean([2, 0, 3, 1, 0]) + 1)
+    assert s["tau_expected"] == pytest.approx(np.mean([1.5, 0.5, 2.0, 1.0, 0.5]) + 1)
+    assert s["histogram"] == [2, 1, 1, 1]
+    # P(accept 1 | reached 1) = 3/5; P(accept 2 | accepted 1) = 2/3; P(3 | 2) = 1/2
+    assert s["per_position_acceptance"] == pytest.approx([3 / 5, 2 / 3, 1 / 2])
+
+
+def test_generate_and_speculative_generate_on_token_prompts():
+    target = dj.load_target("tiny-qwen3")
+    assert target.tokenizer is None
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
+    greedy = dj.SamplingConfig(temperature=0.0, max_new_tokens=6, stop_tokens=(10**6,))
+    plain = dj.generate(target, prompts, greedy)
+    assert [len(t) for t in plain.tokens] == [6, 6] and plain.text == [None, None]
+    drafter = init_drafter(target, dj.DrafterConfig.for_target(target.config, block_size=4,
+                                                               num_categories=2))
+    spec = speculative_generate(target, drafter, prompts, greedy)
+    assert spec.tokens == plain.tokens
+    assert spec.stats["steps"] >= 1 and 1.0 <= spec.stats["tau"] <= 4.0
+    assert spec.timing["new_tokens"] == 12
+
+
+def test_bad_inputs_are_named():
+    target = dj.load_target("tiny-llama")
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        dj.generate(target, [[1, 2, 10**6]])
+    with pytest.raises(ValueError, match="no tokenizer"):
+        dj.generate(target, ["text needs a tokenizer"])
+    with pytest.raises(ValueError, match="empty prompt"):
+        dj.generate(target, [[]])
+    with pytest.raises(FileNotFoundError, match="neither a known preset"):
+        dj.load_target("/nonexistent/model")
+    with pytest.raises(ValueError, match="exceed the model's context"):
+        dj.generate(target, [[1, 2, 3]], dj.SamplingConfig(max_new_tokens=10**5))
+    with pytest.raises(ValueError, match="verify_mode"):
+        dj.SamplingConfig(verify_mode="bogus")
+
+
+def test_cli_fetch_rejects_unknown_names(capsys):
+    assert cli.main(["fetch", "no-such-file"]) == 2
+    assert "unknown file" in capsys.readouterr().err
+
+
+def test_cli_generate_errors_cleanly(capsys):
+    assert cli.main(["generate", "--model", "/nonexistent", "--prompt", "hi"]) == 1
+    assert "neither a known preset" in capsys.readouterr().err
+
+
+@pytest.mark.real_model
+def test_cli_generate_real_model_json_with_random_drafter(capsys):
+    code = cli.main(["generate", "--prompt", "Say hi.", "--max-new-tokens", "6", "--json",
+                     "--drafter", "random"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["model"] == "smollm2-135m-instruct"
+    assert 1 <= len(out["tokens"][0]) <= 6 and isinstance(out["text"][0], str)
+    assert out["stats"]["steps"] >= 1
