@@ -122,40 +122,51 @@ def decode_outputs(target: Target, tokens: list[list[int]]) -> list[Optional[str
     return [target.tokenizer.decode([t for t in row if t not in stops]) for row in tokens]
 
 
-def generate(target: Target, prompts: Sequence[Prompt], sampling: SamplingConfig = SamplingConfig(),
-             rng: jax.Array | int = 0, chat: bool = True, max_cache: Optional[int] = None,
-             warmup: bool = False) -> GenerationResult:
-    """Plain sampling from the target. `timing` separates compile from generation.
-
-    With `warmup=True` the jitted call is run once first, so `timing['seconds']` measures
-    generation alone (what benchmarks want).
-    """
+def _prepare(target: Target, prompts: Sequence[Prompt], sampling: SamplingConfig, rng,
+             chat: bool, extra_cache: int = 0):
+    """Shared by both generators: keys, default stop tokens, padded prompts, cache size."""
     if isinstance(rng, int):
         rng = jax.random.key(rng)
     if not sampling.stop_tokens:
         sampling = sampling.replace(stop_tokens=target.stop_ids)
-    ids = encode_prompts(target, prompts, chat=chat)
-    tokens, lengths = pad_prompts(ids)
-    cache_size = cache_size_for(tokens.shape[1], sampling.max_new_tokens)
-    limit = max_cache or target.config.max_position_embeddings
+    tokens, lengths = pad_prompts(encode_prompts(target, prompts, chat=chat))
+    cache_size = cache_size_for(tokens.shape[1], sampling.max_new_tokens, extra=extra_cache)
+    limit = target.config.max_position_embeddings
     if cache_size > limit:
         raise ValueError(f"prompt ({tokens.shape[1]} tokens, padded) + max_new_tokens "
                          f"({sampling.max_new_tokens}) exceed the model's context of {limit}")
-    call = lambda: generate_tokens(target.params, tokens, lengths, rng, config=target.config,
-                                   sampling=sampling, cache_size=cache_size)
+    return rng, sampling, tokens, lengths, cache_size
+
+
+def _timed(call, warmup: bool):
+    """Run `call` (optionally once before, to exclude compilation); outputs as numpy."""
     compile_s = 0.0
     if warmup:
         t0 = time.perf_counter()
         jax.block_until_ready(call())
         compile_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    out, counts = jax.block_until_ready(call())
+    outputs = jax.block_until_ready(call())
     seconds = time.perf_counter() - t0
-    out, counts = np.asarray(out), np.asarray(counts)
-    new_tokens = int(counts.sum())
-    toks = _trim(out, counts)
+    outputs = [np.asarray(x) for x in outputs]
+    new_tokens = int(outputs[1].sum())
     timing = {"seconds": seconds, "new_tokens": new_tokens,
               "tokens_per_s": new_tokens / max(seconds, 1e-9), "warmup_seconds": compile_s}
+    return outputs, timing
+
+
+def generate(target: Target, prompts: Sequence[Prompt], sampling: SamplingConfig = SamplingConfig(),
+             rng: jax.Array | int = 0, chat: bool = True, warmup: bool = False) -> GenerationResult:
+    """Plain sampling from the target. `timing` separates compile from generation.
+
+    With `warmup=True` the jitted call is run once first, so `timing['seconds']` measures
+    generation alone (what benchmarks want).
+    """
+    rng, sampling, tokens, lengths, cache_size = _prepare(target, prompts, sampling, rng, chat)
+    (out, counts), timing = _timed(
+        lambda: generate_tokens(target.params, tokens, lengths, rng, config=target.config,
+                                sampling=sampling, cache_size=cache_size), warmup)
+    toks = _trim(out, counts)
     return GenerationResult(toks, decode_outputs(target, toks), timing)
 
 
@@ -229,35 +240,14 @@ def speculative_generate(target: Target, drafter: Drafter, prompts: Sequence[Pro
     per-position acceptance rates.
     """
     from dblast_jax.models.drafter import check_drafter_fits_target
-    from dblast_jax.sampler import spec_cache_size, speculative_generate_tokens
+    from dblast_jax.sampler import speculative_generate_tokens
     check_drafter_fits_target(drafter.config, target.config)
-    if isinstance(rng, int):
-        rng = jax.random.key(rng)
-    if not sampling.stop_tokens:
-        sampling = sampling.replace(stop_tokens=target.stop_ids)
-    ids = encode_prompts(target, prompts, chat=chat)
-    tokens, lengths = pad_prompts(ids)
-    cache_size = spec_cache_size(tokens.shape[1], sampling, drafter.config.block_size)
-    if cache_size > target.config.max_position_embeddings:
-        raise ValueError(f"prompt ({tokens.shape[1]} tokens, padded) + max_new_tokens "
-                         f"({sampling.max_new_tokens}) exceed the model's context of "
-                         f"{target.config.max_position_embeddings}")
-    call = lambda: speculative_generate_tokens(
-        target.params, drafter.params, tokens, lengths, rng, target_config=target.config,
-        drafter_config=drafter.config, sampling=sampling, cache_size=cache_size)
-    compile_s = 0.0
-    if warmup:
-        t0 = time.perf_counter()
-        jax.block_until_ready(call())
-        compile_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    out, counts, accepted, expected = jax.block_until_ready(call())
-    seconds = time.perf_counter() - t0
-    out, counts = np.asarray(out), np.asarray(counts)
+    rng, sampling, tokens, lengths, cache_size = _prepare(
+        target, prompts, sampling, rng, chat, extra_cache=drafter.config.block_size)
+    (out, counts, accepted, expected), timing = _timed(
+        lambda: speculative_generate_tokens(
+            target.params, drafter.params, tokens, lengths, rng, target_config=target.config,
+            drafter_config=drafter.config, sampling=sampling, cache_size=cache_size), warmup)
     toks = _trim(out, counts)
-    new_tokens = int(counts.sum())
-    timing = {"seconds": seconds, "new_tokens": new_tokens,
-              "tokens_per_s": new_tokens / max(seconds, 1e-9), "warmup_seconds": compile_s}
-    stats = acceptance_stats(np.asarray(accepted), np.asarray(expected),
-                             drafter.config.block_size)
+    stats = acceptance_stats(accepted, expected, drafter.config.block_size)
     return GenerationResult(toks, decode_outputs(target, toks), timing, stats)

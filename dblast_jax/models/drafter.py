@@ -284,14 +284,6 @@ def init_draft_cache(drafter_config: DrafterConfig, batch: int, size: int,
                    lengths=jnp.zeros((batch,), jnp.int32))
 
 
-def _write_rows(buf: Array, new: Array, starts: Array) -> Array:
-    """buf [B, S, N, D], new [B, T, N, D]: row b written at starts[b]."""
-    def one(row_buf, row_new, start):
-        return jax.lax.dynamic_update_slice(row_buf, row_new.astype(row_buf.dtype),
-                                            (start, 0, 0))
-    return jax.vmap(one)(buf, new, starts)
-
-
 def append_context(dparams: Params, taps: Array, positions: Array, cache: KVCache, *,
                    drafter_config: DrafterConfig) -> KVCache:
     """Project new target features into every drafter layer's context K/V.
@@ -320,8 +312,8 @@ def append_context(dparams: Params, taps: Array, positions: Array, cache: KVCach
     ks, vs = [], []
     for i, layer in enumerate(model.layers):
         k, v = layer.attn.keys_values(feats, pos, inv_freq)
-        ks.append(_write_rows(cache.k[i], k, positions))
-        vs.append(_write_rows(cache.v[i], v, positions))
+        ks.append(target_lib._write_rows(cache.k[i], k, positions))
+        vs.append(target_lib._write_rows(cache.v[i], v, positions))
     return KVCache(k=tuple(ks), v=tuple(vs), lengths=positions + t)
 
 
