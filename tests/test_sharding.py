@@ -78,3 +78,27 @@ def test_sharded_generation_equals_single_device():
                           jax.random.key(3), config=config, sampling=sampling, cache_size=32)
     np.testing.assert_array_equal(got[0], expected[0])
     np.testing.assert_array_equal(got[1], expected[1])
+
+
+def test_sharded_speculative_generation_equals_single_device():
+    from dblast_jax.config import DrafterConfig
+    from dblast_jax.models import drafter as D
+    from dblast_jax.sampler import spec_cache_size, speculative_generate_tokens
+    config = TargetConfig.tiny_qwen3()
+    params = T.init_params(config, 5)
+    dcfg = DrafterConfig.for_target(config, num_layers=1, block_size=4, num_categories=2)
+    dparams = D.init_drafter_params(dcfg, config, 1)
+    tokens, lengths = pad_prompts([[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11]])
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=7, verify_mode="mixture")
+    kw = dict(target_config=config, drafter_config=dcfg, sampling=sampling,
+              cache_size=spec_cache_size(tokens.shape[1], sampling, dcfg.block_size))
+    expected = speculative_generate_tokens(params, dparams, tokens, lengths, jax.random.key(3),
+                                           **kw)
+    mesh = sharding.make_mesh(2, 2, 2)
+    got = speculative_generate_tokens(
+        sharding.shard_params(params, mesh), D.shard_drafter_params(dparams, mesh),
+        jax.device_put(tokens, sharding.batch_sharding(mesh, tokens.shape)),
+        jax.device_put(lengths, sharding.batch_sharding(mesh, lengths.shape)),
+        jax.random.key(3), **kw)
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(g, e, atol=1e-5)

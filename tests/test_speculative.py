@@ -311,3 +311,34 @@ def test_stop_tokens_truncate_inside_an_accepted_block():
     assert int(counts[0]) == first + 1
     assert list(np.asarray(out[0, :first + 1])) == list(free[:first + 1])
     assert (np.asarray(out[0, first + 1:]) == PAD_ID).all()
+
+
+def test_al_estimate_predicts_the_samplers_accepted_count(tiny):
+    """E_{x* ~ p}[AL_hat] (losses.al_estimate) equals the mean accepted drafts of the
+    sampler's first step in sampled-branch mode (same drafter q, Z_T = draft T = 1)."""
+    from dblast_jax import losses
+    tc, tp, dc, dp = tiny
+    temp = 1.0
+    sampling = SamplingConfig(temperature=temp, max_new_tokens=NEW, verify_mode="sampled-branch")
+    _, accepted, _ = sample_sequences(tc, tp, dc, dp, sampling, n=20000, seed=9)
+    first_step = accepted[:, 0].astype(np.float64)
+
+    # x* = (anchor, x_1..x_{b-1}) drawn from the target, as the sampler's first step sees it
+    plain = SamplingConfig(temperature=temp, max_new_tokens=BLOCK, stop_tokens=())
+    n = 8000
+    prompts = jnp.tile(jnp.asarray([PROMPT], jnp.int32), (n, 1))
+    xs, _ = generate_tokens(tp, prompts, jnp.full((n,), len(PROMPT), jnp.int32),
+                            jax.random.key(21), config=tc, sampling=plain, cache_size=16)
+    seqs = jnp.concatenate([prompts, xs], axis=1)  # [n, len(PROMPT) + b]
+    logits, taps = T.forward(tp, seqs, config=tc, tap_layers=dc.target_layer_ids)
+    anchor = len(PROMPT)
+    data = seqs[:, anchor + 1:]  # [n, b-1]
+    logp_all = sampling_logprobs(logits[:, anchor:-1], temp)  # p_i for x_i, i = 1..b-1
+    logp = jnp.take_along_axis(logp_all, data[..., None], axis=-1)[..., 0]
+    hidden, prior = D.train_hidden(dp, tp, taps, seqs, jnp.full((n, 1), anchor),
+                                   drafter_config=dc, target_config=tc)
+    logq_all = jax.nn.log_softmax(D.branch_logits(tp, hidden[:, 0], tc), axis=-1)
+    logq = jnp.take_along_axis(logq_all, data[:, None, :, None], axis=-1)[..., 0]  # [n,K,b-1]
+    al = np.asarray(losses.al_estimate(logq[:, None], prior, logp[:, None]))[:, 0]
+    se = np.sqrt(al.var() / al.size + first_step.var() / first_step.size)
+    assert abs(al.mean() - first_step.mean()) < 4 * se, (al.mean(), first_step.mean(), se)
