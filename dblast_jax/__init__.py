@@ -6,10 +6,17 @@
 """
 
 from dblast_jax.config import DrafterConfig, RopeScaling, SamplingConfig, TargetConfig
-from dblast_jax.generation import GenerationResult, Target, generate, load_target
+from dblast_jax.generation import (Drafter, GenerationResult, Target, export_drafter, generate,
+                                   init_drafter, load_drafter, load_target,
+                                   speculative_generate)
 
 __all__ = [
+    "Drafter",
     "DrafterConfig",
+    "export_drafter",
+    "init_drafter",
+    "load_drafter",
+    "speculative_generate",
     "GenerationResult",
     "RopeScaling",
     "SamplingConfig",
