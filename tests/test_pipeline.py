@@ -1,0 +1,143 @@
+"""grain pipeline over corpus shards: determinism, resumable state, disjoint sharding."""
+
+import numpy as np
+import pytest
+
+from dblast_jax.data import corpus as corpus_io
+from dblast_jax.data import pipeline
+
+
+def _make_corpus(folder, n_records=37, per_shard=(13, 13, 11), temps=(0.7, 1.0)):
+    """A synthetic corpus in the on-disk format; record r's tokens all start with r."""
+    rng = np.random.default_rng(0)
+    shards, r = [], 0
+    for k, count in enumerate(per_shard):
+        seqs, plens, ids = [], [], []
+        for _ in range(count):
+            p = int(rng.integers(2, 6))
+            n = p + int(rng.integers(1, 20))
+            seqs.append(np.concatenate([[r], rng.integers(1, 50, n - 1)]).astype(np.int32))
+            plens.append(p)
+            ids.append(f"syn/{r}")
+            r += 1
+        lens = np.array([len(s) for s in seqs])
+        tokens = np.concatenate(seqs)
+        arrays = {
+            "tokens": tokens,
+            "response_mask": np.concatenate([np.arange(len(s)) >= p
+                                             for s, p in zip(seqs, plens)]).astype(np.uint8),
+            "offsets": np.concatenate([[0], np.cumsum(lens)]).astype(np.int64),
+            "prompt_lengths": np.array(plens, np.int32),
+            "stopped": np.ones(count, np.uint8),
+            "gen_temperature": np.ones(count, np.float32),
+            "ids": np.array(ids, dtype=np.str_),
+        }
+        for t in temps:
+            key = corpus_io.temperature_key(t)
+            arrays[f"logp_{key}"] = -tokens.astype(np.float32) / t
+            arrays[f"entropy_{key}"] = np.full(tokens.shape, t, np.float32)
+        name = corpus_io.shard_name(k)
+        digest = corpus_io.write_shard(folder / name, arrays)
+        shards.append({"index": k, "file": name, "sha256": digest, "sequences": count,
+                       "tokens": int(lens.sum()), "response_tokens": 0, "seconds": 0.0})
+    corpus_io.write_manifest(folder, {
+        "format": corpus_io.FORMAT, "target": {"name": "synthetic"},
+        "settings": {"verify_temperatures": list(temps)}, "prompts": {},
+        "num_shards": len(per_shard), "shards": shards, "complete": True})
+    assert r == n_records
+    return folder
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return _make_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+def _first_tokens(batches):
+    return [int(x) for b in batches for x in b["tokens"][:, 0]]
+
+
+def test_source_reads_records_across_shards(folder):
+    src = pipeline.CorpusDataSource(folder, verify_temperature=0.7)
+    assert len(src) == 37
+    for i in (0, 12, 13, 26, 36):
+        rec = src[i]
+        assert rec["tokens"][0] == i
+        np.testing.assert_allclose(rec["logp"], -rec["tokens"] / 0.7, rtol=1e-6)
+    with pytest.raises(IndexError):
+        src[37]
+    with pytest.raises(ValueError, match=r"temperatures \['0.7', '1'\], not at 1.5"):
+        pipeline.CorpusDataSource(folder, verify_temperature=1.5)
+
+
+def test_batches_are_padded_with_masks(folder):
+    ds = pipeline.make_dataset(folder, seq_len=16, batch_size=4, seed=0, verify_temperature=1.0)
+    src = pipeline.CorpusDataSource(folder, verify_temperature=1.0)
+    b = ds[0]
+    assert b["tokens"].shape == (4, 16) and b["tokens"].dtype == np.int32
+    assert b["loss_mask"].dtype == bool and b["logp"].shape == (4, 16)
+    for row in range(4):
+        rec = src[int(b["tokens"][row, 0])]
+        n = min(len(rec["tokens"]), 16)
+        assert b["lengths"][row] == n
+        np.testing.assert_array_equal(b["tokens"][row, :n], rec["tokens"][:n])
+        np.testing.assert_array_equal(b["loss_mask"][row, :n], rec["loss_mask"][:n])
+        assert not b["loss_mask"][row, n:].any() and (b["tokens"][row, n:] == 0).all()
+        assert (b["logp"][row, n:] == 0).all()
+    assert len(ds) == 37 // 4  # drop_remainder
+
+
+def test_deterministic_for_a_seed_and_reshuffled_per_epoch(folder):
+    make = lambda seed: pipeline.make_dataset(folder, seq_len=8, batch_size=1, seed=seed,
+                                              num_epochs=2)
+    a, b, c = _first_tokens(make(1)), _first_tokens(make(1)), _first_tokens(make(2))
+    assert a == b and a != c
+    assert sorted(a[:37]) == list(range(37)) and sorted(a[37:]) == list(range(37))
+    assert a[:37] != a[37:]  # a new order in the second epoch
+
+
+def test_iterator_resumes_at_the_same_element(folder):
+    ds = pipeline.make_dataset(folder, seq_len=8, batch_size=3, seed=5, num_epochs=None)
+    it = pipeline.make_iterator(ds)
+    for _ in range(7):
+        next(it)
+    state = it.get_state()
+    expected = [next(it)["tokens"] for _ in range(5)]
+    resumed = pipeline.make_iterator(
+        pipeline.make_dataset(folder, seq_len=8, batch_size=3, seed=5, num_epochs=None), state)
+    for want in expected:
+        np.testing.assert_array_equal(next(resumed)["tokens"], want)
+
+
+def test_process_shards_are_disjoint_and_cover_the_epoch(folder):
+    parts = [_first_tokens(pipeline.make_dataset(folder, seq_len=8, batch_size=1, seed=3,
+                                                 shard_index=i, shard_count=3))
+             for i in range(3)]
+    flat = [x for p in parts for x in p]
+    assert len(flat) == len(set(flat)) == 37
+    assert [len(p) for p in parts] == [13, 12, 12]
+    with pytest.raises(ValueError, match="shard_index must lie in"):
+        pipeline.make_dataset(folder, seq_len=8, batch_size=1, shard_index=3, shard_count=3)
+
+
+def test_block_size_filters_unusable_records(folder):
+    src = pipeline.CorpusDataSource(folder)
+    ds = pipeline.make_dataset(folder, seq_len=10, batch_size=1, block_size=4, shuffle=False)
+    kept = set(_first_tokens(ds))
+    for i in range(len(src)):
+        rec = src[i]
+        n = min(len(rec["tokens"]), 10)
+        usable = bool(rec["loss_mask"][:max(n - 4 + 1, 0)].any())
+        assert (i in kept) == usable, i
+    assert 0 < len(kept) < 37
+
+
+def test_corpus_is_a_source_for_the_trainers_batcher(folder):
+    from dblast_jax.train.batches import Batcher
+    src = corpus_io.Corpus(folder, verify_temperature=0.7)
+    batcher = Batcher(src, batch_size=4, seq_len=16, block_size=4, seed=0)
+    b = next(iter(batcher))
+    assert b["tokens"].shape == (4, 16) and b["logp"].shape == (4, 16)
+    rec = src[int(b["tokens"][0, 0])]
+    np.testing.assert_allclose(b["logp"][0, :b["lengths"][0]],
+                               rec["logp"][:b["lengths"][0]], rtol=1e-6)
