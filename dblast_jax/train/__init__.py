@@ -1,0 +1,20 @@
+"""Training drafters: configs and experiments, batches, the sharded trainer, checkpoints.
+
+    from dblast_jax.train import get_experiment, train
+    result = train(get_experiment("tiny_dflash", ["num_steps=50"]), "/tmp/run")
+"""
+
+from dblast_jax.train.batches import (Batcher, IteratorBatcher, ListSource, SyntheticMultiModal,
+                                      load_jsonl, sample_anchors)
+from dblast_jax.train.checkpoint import Checkpointer, ForeignCheckpointError, experiment_identity
+from dblast_jax.train.config import (EXPERIMENTS, TrainConfig, apply_overrides, get_experiment,
+                                     list_experiments)
+from dblast_jax.train.trainer import (TrainResult, TrainState, Trainer, loss_terms,
+                                      make_optimizer, make_train_step, train)
+
+__all__ = [
+    "Batcher", "Checkpointer", "EXPERIMENTS", "ForeignCheckpointError", "IteratorBatcher",
+    "ListSource", "SyntheticMultiModal", "TrainConfig", "TrainResult", "TrainState", "Trainer",
+    "apply_overrides", "experiment_identity", "get_experiment", "list_experiments",
+    "load_jsonl", "loss_terms", "make_optimizer", "make_train_step", "sample_anchors", "train",
+]

@@ -1,0 +1,239 @@
+"""Checkpoints of a training run (orbax) and the workdir's experiment identity.
+
+Workdir layout:
+    experiment.json      identity: drafter config, target name, loss (never overwritten)
+    train_config.json    the full TrainConfig of the latest start (restart needs only
+                         the workdir)
+    checkpoints/<step>/  orbax: state (params, optimizer state, step, RNG), data (the
+                         data iterator's state, one JSON per process), experiment
+    metrics.jsonl        one JSON object per logged step
+    export/              the drafter in DFlash format, written at the end
+
+Atomicity is orbax's: a step directory is written under a temporary name and renamed
+once every process has finished (multi-process: the primary process commits after a
+barrier), and only the `keep` newest are kept. A workdir whose identity differs from
+the run's is refused before anything is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Mapping, Optional
+
+import jax
+import orbax.checkpoint as ocp
+from etils import epath
+
+IDENTITY_FILE = "experiment.json"
+CONFIG_FILE = "train_config.json"
+CHECKPOINT_DIR = "checkpoints"
+IDENTITY_VERSION = 1
+
+__all__ = ["ForeignCheckpointError", "experiment_identity", "check_workdir", "Checkpointer",
+           "DataStateSave", "DataStateRestore", "read_train_config"]
+
+
+class ForeignCheckpointError(ValueError):
+    """The workdir holds another experiment's checkpoints."""
+
+
+def experiment_identity(drafter_config, target_name: str, loss: str) -> dict[str, Any]:
+    """What must match for a checkpoint to be resumed: the drafter's shape (its params and
+    optimizer state), the target it reads features from, and the objective."""
+    dc = dataclasses.asdict(drafter_config)
+    dc = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dc.items()}
+    dc.pop("name", None)  # a label, not a shape
+    return {"version": IDENTITY_VERSION, "drafter_config": dc, "target": str(target_name),
+            "loss": str(loss)}
+
+
+def _diff(a: Mapping, b: Mapping, prefix: str = "") -> list[str]:
+    out = []
+    for k in sorted(set(a) | set(b), key=str):
+        va, vb = a.get(k, "<absent>"), b.get(k, "<absent>")
+        if isinstance(va, Mapping) and isinstance(vb, Mapping):
+            out += _diff(va, vb, f"{prefix}{k}.")
+        elif va != vb:
+            out.append(f"{prefix}{k}: workdir has {va!r}, this run has {vb!r}")
+    return out
+
+
+def _read_json(path: str) -> Any:
+    with open(path) as f:
+        return json.load(f)
+
+
+def _checkpoint_steps(ckpt_dir: str) -> list[int]:
+    if not os.path.isdir(ckpt_dir):
+        return []
+    return sorted(int(n) for n in os.listdir(ckpt_dir) if n.isdigit())
+
+
+def check_workdir(workdir: str, identity: Mapping[str, Any]) -> bool:
+    """Raise ForeignCheckpointError if `workdir` belongs to another experiment.
+    Returns True when it already belongs to this one (a resume), False when fresh."""
+    id_path = os.path.join(workdir, IDENTITY_FILE)
+    ckpt_dir = os.path.join(workdir, CHECKPOINT_DIR)
+    if os.path.exists(id_path):
+        try:
+            theirs = _read_json(id_path)
+        except (OSError, json.JSONDecodeError) as e:
+            raise ForeignCheckpointError(f"{id_path} is unreadable ({e}); refusing to touch "
+                                         f"workdir {workdir!r}") from None
+        diff = _diff(theirs, dict(identity))
+        if diff:
+            raise ForeignCheckpointError(
+                f"workdir {workdir!r} holds another experiment's checkpoint "
+                f"({theirs.get('drafter_config', {}).get('num_categories', '?')} categories, "
+                f"loss {theirs.get('loss')!r}, target {theirs.get('target')!r}); nothing was "
+                "overwritten. Differences: " + "; ".join(diff[:8])
+                + (" ..." if len(diff) > 8 else "") + ". Use another --workdir.")
+        return True
+    steps = _checkpoint_steps(ckpt_dir)
+    if steps:
+        item = os.path.join(ckpt_dir, str(steps[-1]), "experiment")
+        raise ForeignCheckpointError(
+            f"workdir {workdir!r} holds checkpoints (steps {steps}) but no {IDENTITY_FILE}; "
+            f"they are not this run's ({'identity item at ' + item if os.path.exists(item) else 'no identity recorded'}). "
+            "Nothing was overwritten; use another --workdir.")
+    return False
+
+
+def read_train_config(workdir: str) -> Optional[dict[str, Any]]:
+    path = os.path.join(workdir, CONFIG_FILE)
+    return _read_json(path) if os.path.exists(path) else None
+
+
+def _is_primary() -> bool:
+    return jax.process_index() == 0
+
+
+def _barrier(name: str) -> None:
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices(name)
+
+
+def _atomic_write_json(path: str, obj: Any) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+# ---- per-process data-iterator state as an orbax item ---------------------------------------
+
+class DataStateHandler:
+    """Orbax checkpoint handler: every process writes its data iterator's JSON state to
+    `process_{i}-of-{n}.json`. A state marked {"global": true} is the same on every
+    process, so it restores under another process count too."""
+
+    def save(self, directory: epath.Path, item: Any = None, args: Any = None):
+        state = item if item is not None else args.state
+        i, n = jax.process_index(), jax.process_count()
+        (directory / f"process_{i}-of-{n}.json").write_text(json.dumps(state, sort_keys=True))
+
+    def restore(self, directory: epath.Path, item: Any = None, args: Any = None):
+        i, n = jax.process_index(), jax.process_count()
+        own = directory / f"process_{i}-of-{n}.json"
+        if own.exists():
+            return json.loads(own.read_text())
+        others = sorted(p for p in directory.iterdir() if p.name.startswith("process_"))
+        for p in others:
+            state = json.loads(p.read_text())
+            if isinstance(state, Mapping) and state.get("global"):
+                return state
+        raise ValueError(f"{directory}: no data state for process {i} of {n} (found "
+                         f"{[p.name for p in others]}); the data iterator is per-process and "
+                         "the process count changed")
+
+    def metadata(self, directory):
+        return None
+
+    def structure(self, directory):
+        return None
+
+    def finalize(self, directory):
+        pass
+
+    def close(self):
+        pass
+
+    @classmethod
+    def typestr(cls):
+        return f"{cls.__module__}.{cls.__qualname__}"
+
+
+@ocp.args.register_with_handler(DataStateHandler, for_save=True)
+@dataclasses.dataclass
+class DataStateSave(ocp.args.CheckpointArgs):
+    state: Any
+
+
+@ocp.args.register_with_handler(DataStateHandler, for_restore=True)
+@dataclasses.dataclass
+class DataStateRestore(ocp.args.CheckpointArgs):
+    state: Any = None
+
+
+# ---- the manager ----------------------------------------------------------------------------
+
+class Checkpointer:
+    """Orbax CheckpointManager over workdir/checkpoints with the identity guard.
+
+    Construction checks the workdir (ForeignCheckpointError before any write), then the
+    primary process records the identity and the train config."""
+
+    def __init__(self, workdir: str, identity: Mapping[str, Any], *, keep: int,
+                 train_config: Optional[Mapping[str, Any]] = None, async_save: bool = True):
+        self.workdir = os.path.abspath(workdir)
+        self.identity = dict(identity)
+        self.resuming = check_workdir(self.workdir, self.identity)
+        _barrier("dblast_checkpoint_checked")
+        if _is_primary():
+            os.makedirs(self.workdir, exist_ok=True)
+            if not self.resuming:
+                _atomic_write_json(os.path.join(self.workdir, IDENTITY_FILE), self.identity)
+            if train_config is not None:
+                _atomic_write_json(os.path.join(self.workdir, CONFIG_FILE), dict(train_config))
+        _barrier("dblast_checkpoint_identity")
+        self.directory = os.path.join(self.workdir, CHECKPOINT_DIR)
+        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+                                               enable_async_checkpointing=async_save)
+        self.manager = ocp.CheckpointManager(self.directory, options=options)
+
+    def latest_step(self) -> Optional[int]:
+        return self.manager.latest_step()
+
+    def save(self, step: int, state: Any, data_state: Any) -> None:
+        """Save (async for arrays); `state` is a pytree of jax arrays."""
+        args = ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                  data=DataStateSave(data_state),
+                                  experiment=ocp.args.JsonSave(self.identity))
+        self.manager.save(int(step), args=args, force=True)
+
+    def restore(self, abstract_state: Any, step: Optional[int] = None) -> tuple[Any, Any]:
+        """(state, data_state) of `step` (default: the latest). `abstract_state`: a pytree
+        of jax.ShapeDtypeStruct with shardings, as the restored arrays should be placed."""
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
+                                  data=DataStateRestore(),
+                                  experiment=ocp.args.JsonRestore())
+        out = self.manager.restore(int(step), args=args)
+        diff = _diff(dict(out.experiment), self.identity)
+        if diff:
+            raise ForeignCheckpointError(f"checkpoint {self.directory}/{step} belongs to "
+                                         f"another experiment: {'; '.join(diff[:8])}")
+        return out.state, out.data
+
+    def wait(self) -> None:
+        self.manager.wait_until_finished()
+
+    def close(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.close()

@@ -1,0 +1,774 @@
+"""The drafter trainer: one jitted, sharded step; checkpointed, resumable, multi-host.
+
+Read top to bottom: `loss_terms` is the objective on one batch, `make_train_step` wraps
+it in gradients + optax, `Trainer` owns the loop (data, mesh, checkpoints, metrics).
+
+The step, for a batch of B sequences of T tokens (right-padded) and A anchors each:
+  1. anchors: A distinct eligible positions per row drawn from fold_in(rng, step)
+     (`batches.sample_anchors`: response tokens whose whole block fits);
+  2. the frozen target (stop_gradient; it has no optimizer state) runs once over the
+     sequences and gives the drafter's feature taps and, when the loss or the AL metrics
+     need them and the batch does not carry them, the log-probs of the data tokens at
+     the verification temperature T_v (its final hidden state is tapped and projected
+     chunk by chunk: never [B, T, V] at once);
+  3. the drafter's `train_hidden` gives branch hidden states [B, A, K, b-1, H] and the
+     category prior [B, A, K]; `chunked_logits.token_logprobs` turns them into the
+     branch log-probs of the label tokens with a scan over vocabulary chunks (the
+     [B, A, K, b-1, V] logits never exist, forward or backward);
+  4. `losses.combined_loss`: DFlash (position-decayed CE, K = 1), mixture NLL, or
+     NLL + lambda * truncated AL surrogate, with lambda and tau on schedules;
+  5. gradients (optionally accumulated over micro-batches with a scan), global-norm
+     clipping, AdamW with linear warmup + cosine decay.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import time
+from typing import Any, Callable, Iterable, Mapping, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import struct
+from jax import lax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from dblast_jax import losses
+from dblast_jax import sharding as sharding_lib
+from dblast_jax.chunked_logits import token_logprobs
+from dblast_jax.config import DrafterConfig, TargetConfig
+from dblast_jax.models import drafter as drafter_lib
+from dblast_jax.models import target as target_lib
+from dblast_jax.train import batches as batches_lib
+from dblast_jax.train.checkpoint import Checkpointer, check_workdir, experiment_identity
+from dblast_jax.train.config import TrainConfig
+
+Array = jax.Array
+Params = dict[str, Any]
+
+__all__ = ["TrainState", "TrainResult", "make_optimizer", "lr_schedule", "loss_terms",
+           "make_train_step", "target_features", "mixture_conditional_logq", "Trainer", "train",
+           "target_head", "resolve_target", "step_memory_analysis"]
+
+COUNT_METRICS = ("valid_anchors", "tokens", "label_tokens")
+
+
+@struct.dataclass
+class TrainState:
+    step: Array  # int32 []
+    params: Params  # drafter parameters
+    opt_state: Any
+    rng: Array  # uint32 [2]; the step's randomness is fold_in(rng, step)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "params": self.params, "opt_state": self.opt_state,
+                "rng": self.rng}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "TrainState":
+        return cls(step=d["step"], params=d["params"], opt_state=d["opt_state"], rng=d["rng"])
+
+
+# ---- optimiser ------------------------------------------------------------------------------
+
+def lr_schedule(config: TrainConfig) -> optax.Schedule:
+    """Linear warmup 0 -> lr over warmup_fraction of the run, cosine to lr * end_lr_fraction."""
+    lr, warm = config.learning_rate, config.warmup_steps
+    decay = max(config.num_steps - warm, 1)
+    cosine = optax.cosine_decay_schedule(lr, decay, alpha=config.end_lr_fraction)
+    if warm <= 0:
+        return cosine
+    return optax.join_schedules([optax.linear_schedule(0.0, lr, warm), cosine], [warm])
+
+
+def _decay_mask(params: Params) -> Params:
+    return jax.tree.map(lambda x: x.ndim >= 2, params)
+
+
+def make_optimizer(config: TrainConfig) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """Global-norm clipping then AdamW (weight decay on matrices only)."""
+    schedule = lr_schedule(config)
+    parts = []
+    if config.grad_clip > 0:
+        parts.append(optax.clip_by_global_norm(config.grad_clip))
+    parts.append(optax.adamw(schedule, b1=config.adam_b1, b2=config.adam_b2,
+                             weight_decay=config.weight_decay, mask=_decay_mask))
+    return optax.chain(*parts), schedule
+
+
+def lam_at(config: TrainConfig, step) -> Array:
+    if not config.uses_al:
+        return jnp.float32(0.0)
+    n = config.num_steps
+    return losses.linear_warmup_schedule(
+        step, end_value=config.lam, warmup_steps=int(round(config.lam_warmup_fraction * n)),
+        delay_steps=int(round(config.lam_delay_fraction * n)))
+
+
+def tau_at(config: TrainConfig, step) -> Array:
+    return losses.tau_schedule(
+        step, start_value=config.tau_start, end_value=config.tau_end,
+        transition_steps=int(round(config.tau_transition_fraction * config.num_steps)),
+        delay_steps=int(round(config.lam_delay_fraction * config.num_steps)))
+
+
+# ---- the objective on one batch ----------------------------------------------------------------
+
+def target_head(tparams: Params, target_config: TargetConfig) -> tuple[Array, str]:
+    """(weight, layout) of the target's LM head for `token_logprobs`."""
+    if target_config.tie_word_embeddings:
+        return tparams["embed"]["embedding"], "vh"
+    return tparams["lm_head"]["kernel"], "hv"
+
+
+def _tap_plan(dcfg: DrafterConfig, tcfg: TargetConfig, need_final: bool
+              ) -> tuple[tuple[int, ...], Optional[int]]:
+    """Target layers to tap, and the index of the final (post-norm) hidden state among them
+    (the target taps its last layer after the final norm, like HF's last hidden state)."""
+    ids = tuple(dcfg.target_layer_ids)
+    if not need_final:
+        return ids, None
+    last = tcfg.num_layers - 1
+    if last in ids:
+        return ids, ids.index(last)
+    return ids + (last,), len(ids)
+
+
+def target_features(tparams: Params, tokens: Array, *, drafter_config: DrafterConfig,
+                    target_config: TargetConfig, logp_temperature: Optional[float] = None,
+                    chunk_size: int = 8192, row_chunk_size: Optional[int] = None
+                    ) -> tuple[Array, Optional[Array]]:
+    """One frozen target pass over tokens [B, T] -> (drafter taps [B, T, n_taps, H],
+    logp [B, T] or None). logp[t] = log p(tokens[t] | tokens[<t]) at `logp_temperature`
+    (logp[:, 0] = 0), from the tapped final hidden state through the LM head by
+    vocabulary chunks; the target's own [B, T, V] logits are never used (XLA drops them)."""
+    tparams = lax.stop_gradient(tparams)
+    need = logp_temperature is not None
+    tap_layers, final_idx = _tap_plan(drafter_config, target_config, need)
+    _, taps = target_lib.forward(tparams, tokens, config=target_config, tap_layers=tap_layers)
+    taps = lax.stop_gradient(taps)
+    logp = None
+    if need:
+        head, layout = target_head(tparams, target_config)
+        final = taps[:, :, final_idx]
+        nxt = token_logprobs(final[:, :-1], head, layout, tokens[:, 1:], logp_temperature,
+                             chunk_size, row_chunk_size=row_chunk_size).logprob
+        logp = lax.stop_gradient(jnp.pad(nxt, ((0, 0), (1, 0))))
+    return taps[:, :, :len(drafter_config.target_layer_ids)], logp
+
+
+def mixture_conditional_logq(logq: Array, prior_logits: Array, mask: Array) -> Array:
+    """log Q_i(x*_i | x*_<i) [B, A, P] of the whole mixture, Q = sum_z pi_z prod_i q_{z,i}:
+    the posterior over z given the prefix, times each branch's q (the proposal of
+    `mixture` verification with sampled branches). K = 1: equals logq[:, :, 0]."""
+    lq = jnp.where(mask[:, :, None, :], logq, 0.0)  # masked slots leave the posterior alone
+    log_pi = jax.nn.log_softmax(prior_logits.astype(lq.dtype), axis=-1)
+    joint = log_pi[..., None] + jnp.cumsum(lq, axis=-1)  # [B, A, K, P]: log pi_z q_z(x_<=i)
+    prev = jnp.concatenate([log_pi[..., None], joint[..., :-1]], axis=-1)
+    cur_l = losses.safe_logsumexp(joint, axis=2)
+    prev_l = losses.safe_logsumexp(prev, axis=2)
+    return jnp.where(jnp.isfinite(prev_l), cur_l - jnp.where(jnp.isfinite(prev_l), prev_l, 0.0),
+                     -jnp.inf)
+
+
+def loss_terms(dparams: Params, tparams: Params, batch: Mapping[str, Array], rng: Array,
+               step: Array, *, config: TrainConfig, drafter_config: DrafterConfig,
+               target_config: TargetConfig, logp_mode: Optional[str]
+               ) -> tuple[Array, dict[str, Array]]:
+    """(loss, metrics) of one (micro-)batch. logp_mode: "data" (batch["logp"]), "target"
+    (from the frozen target at T_v), or None (no target log-probs: NLL losses only)."""
+    cfg, dcfg, tcfg = config, drafter_config, target_config
+    b = dcfg.block_size
+    tokens = batch["tokens"]
+    loss_mask, lengths = batch["loss_mask"], batch["lengths"]
+    anchors, anchor_valid = batches_lib.sample_anchors(
+        rng, loss_mask, lengths, block_size=b, num_anchors=cfg.anchors_per_sequence)
+    labels, pos_mask = batches_lib.block_labels(tokens, loss_mask, lengths, anchors,
+                                                anchor_valid, b)
+
+    # -- the frozen target: features (and log-probs of the data at T_v)
+    tparams = lax.stop_gradient(tparams)
+    head, layout = target_head(tparams, tcfg)
+    drafter_taps, logp_tok = target_features(
+        tparams, tokens, drafter_config=dcfg, target_config=tcfg,
+        logp_temperature=cfg.verify_temperature if logp_mode == "target" else None,
+        chunk_size=cfg.logits_chunk_size, row_chunk_size=cfg.logits_row_chunk_size or None)
+    if logp_mode == "data":
+        logp_tok = batch["logp"].astype(jnp.float32)
+
+    # -- the drafter: branch log-probs of the labels, chunked over the vocabulary
+    branch_hidden, prior_logits = drafter_lib.train_hidden(
+        dparams, tparams, drafter_taps, tokens, anchors, drafter_config=dcfg,
+        target_config=tcfg)
+    k = dcfg.num_categories
+    branch_labels = jnp.broadcast_to(labels[:, :, None, :], labels.shape[:2] + (k,)
+                                     + labels.shape[2:])
+    tl = token_logprobs(branch_hidden, head, layout, branch_labels, 1.0,
+                        cfg.logits_chunk_size,
+                        row_chunk_size=cfg.logits_row_chunk_size or None)
+    logq = tl.logprob  # [B, A, K, P]
+
+    # -- the objective
+    n_pos = b - 1
+    gamma = cfg.gamma if cfg.gamma > 0 else None
+    decay = losses.dflash_position_weights(n_pos, gamma)
+    logp_block = (batches_lib.gather_block(logp_tok, anchors, b)
+                  if logp_tok is not None else None)
+    if cfg.loss == "nll+al":
+        if logp_block is None:
+            raise ValueError("loss 'nll+al' needs target log-probs (logp_mode None)")
+        weights = decay if cfg.nll_position_decay else None
+        loss, metrics = losses.combined_loss(logq, prior_logits, logp_block, pos_mask,
+                                             lam=lam_at(cfg, step), tau=tau_at(cfg, step),
+                                             position_weights=weights)
+    else:
+        weights = decay if (cfg.loss == "dflash" or cfg.nll_position_decay) else None
+        loss, metrics = losses.combined_loss(logq, prior_logits, None, pos_mask,
+                                             position_weights=weights)
+        if logp_block is not None:  # AL metrics only, no gradient
+            sg = lax.stop_gradient
+            per = losses.al_estimate(sg(logq), sg(prior_logits), logp_block, pos_mask)
+            al = losses.masked_anchor_mean(per, jnp.any(pos_mask, axis=-1))
+            metrics["al_estimate"] = al
+            metrics["predicted_tau"] = losses.predicted_tau(al)
+    if logp_block is not None:
+        # The AL of `mixture` verification (Q = the mixture's own conditionals): where K > 1
+        # can beat the best single product proposal. al_estimate above is `sampled-branch`,
+        # which is linear in pi, so no mixture beats its best branch there.
+        sg = lax.stop_gradient
+        log_q_mix = mixture_conditional_logq(sg(logq), sg(prior_logits), pos_mask)
+        per = losses.al_estimate(log_q_mix[:, :, None, :], None, logp_block, pos_mask)
+        metrics["al_estimate_mixture"] = losses.masked_anchor_mean(per,
+                                                                   jnp.any(pos_mask, axis=-1))
+
+    # -- per-position top-1 agreement, prior-weighted over branches
+    pi = jax.nn.softmax(lax.stop_gradient(prior_logits), axis=-1)  # [B, A, K]
+    hit = (tl.argmax == branch_labels).astype(jnp.float32)  # [B, A, K, P]
+    agree = jnp.einsum("bak,bakp->bap", pi, hit)
+    m = pos_mask.astype(jnp.float32)
+    per_pos = jnp.sum(agree * m, axis=(0, 1)) / jnp.maximum(jnp.sum(m, axis=(0, 1)), 1.0)
+    metrics["top1"] = per_pos
+    metrics["top1_mean"] = jnp.sum(agree * m) / jnp.maximum(jnp.sum(m), 1.0)
+    metrics["tokens"] = jnp.sum(lengths).astype(jnp.int32)
+    metrics["label_tokens"] = jnp.sum(pos_mask).astype(jnp.int32)
+    return loss, metrics
+
+
+# ---- the step ---------------------------------------------------------------------------------
+
+def _split_micro(batch: Mapping[str, Array], n: int) -> dict[str, Array]:
+    """[B, ...] -> [n, B / n, ...] taking rows m, m + n, m + 2n, .. for micro-batch m, so a
+    data-sharded batch stays sharded (each device's rows split evenly)."""
+    def one(x):
+        return jnp.swapaxes(x.reshape((x.shape[0] // n, n) + x.shape[1:]), 0, 1)
+    return {k: one(v) for k, v in batch.items()}
+
+
+def make_train_step(config: TrainConfig, drafter_config: DrafterConfig,
+                    target_config: TargetConfig, logp_mode: Optional[str]
+                    ) -> Callable[[TrainState, Params, Mapping[str, Array]],
+                                  tuple[TrainState, dict[str, Array]]]:
+    """The pure (un-jitted) step: (state, tparams, batch) -> (state, metrics)."""
+    tx, schedule = make_optimizer(config)
+    n_micro = config.grad_accum_steps
+    fn = functools.partial(loss_terms, config=config, drafter_config=drafter_config,
+                           target_config=target_config, logp_mode=logp_mode)
+    grad_fn = jax.value_and_grad(fn, has_aux=True)
+
+    def step_fn(state: TrainState, tparams: Params, batch: Mapping[str, Array]):
+        step_rng = jax.random.fold_in(state.rng, state.step)
+        if n_micro == 1:
+            (_, metrics), grads = grad_fn(state.params, tparams, batch, step_rng, state.step)
+        else:
+            micro = _split_micro(batch, n_micro)
+
+            def body(acc, xs):
+                mb, i = xs
+                (_, m), g = grad_fn(state.params, tparams, mb, jax.random.fold_in(step_rng, i),
+                                    state.step)
+                return jax.tree.map(jnp.add, acc, g), m
+
+            zeros = jax.tree.map(jnp.zeros_like, state.params)
+            grads, ms = lax.scan(body, zeros, (micro, jnp.arange(n_micro)))
+            grads = jax.tree.map(lambda g: g / n_micro, grads)
+            metrics = {k: (jnp.sum(v, axis=0) if k in COUNT_METRICS else jnp.mean(v, axis=0))
+                       for k, v in ms.items()}
+        grad_norm = optax.tree.norm(grads)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics = dict(metrics)
+        metrics["lr"] = jnp.asarray(schedule(state.step), jnp.float32)
+        metrics["grad_norm"] = grad_norm
+        new = TrainState(step=state.step + 1, params=params, opt_state=opt_state, rng=state.rng)
+        return new, metrics
+
+    return step_fn
+
+
+# ---- sharding ---------------------------------------------------------------------------------
+
+def _replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def _batch_spec(shape: tuple[int, ...], mesh: Mesh) -> P:
+    """Rows over (data, fsdp) when they divide, else data, else replicated."""
+    for axes in (("data", "fsdp"), ("data",)):
+        size = int(np.prod([mesh.shape[a] for a in axes]))
+        if shape[0] % size == 0:
+            return P(axes if len(axes) > 1 else axes[0])
+    return P()
+
+
+def _opt_state_shardings(abstract_opt: Any, param_specs: Params, mesh: Mesh) -> Any:
+    """Optimizer leaves that mirror a parameter (Adam's mu / nu) take its spec; scalars
+    (counts) and anything else are replicated."""
+    flat = {}
+    for path, spec in jax.tree_util.tree_flatten_with_path(
+            param_specs, is_leaf=lambda x: isinstance(x, P))[0]:
+        flat[tuple(getattr(k, "key", k) for k in path)] = spec
+
+    def one(path, leaf):
+        keys = []
+        for k in reversed(path):
+            if isinstance(k, jax.tree_util.DictKey):
+                keys.append(k.key)
+            else:
+                break
+        spec = flat.get(tuple(reversed(keys)))
+        if spec is not None and len(spec) <= len(leaf.shape):
+            return NamedSharding(mesh, spec)
+        return _replicated(mesh)
+
+    return jax.tree_util.tree_map_with_path(one, abstract_opt)
+
+
+def _put(x: Any, sharding: NamedSharding) -> Array:
+    """Host value (the same on every process) -> global array with `sharding`."""
+    arr = np.asarray(x)
+    return jax.make_array_from_callback(arr.shape, sharding, lambda idx: arr[idx])
+
+
+def _local_rows(sharding: NamedSharding, global_shape: tuple[int, ...]) -> tuple[int, int]:
+    """The contiguous row range of a batch that this process's devices hold."""
+    idx = sharding.addressable_devices_indices_map(global_shape)
+    starts, stops = [], []
+    for sl in idx.values():
+        s = sl[0] if sl else slice(None)
+        starts.append(0 if s.start is None else s.start)
+        stops.append(global_shape[0] if s.stop is None else s.stop)
+    lo, hi = min(starts), max(stops)
+    covered = set()
+    for a, b in zip(starts, stops):
+        covered.update(range(a, b))
+    if covered != set(range(lo, hi)):
+        raise ValueError(f"this process's batch rows are not contiguous ({sorted(covered)}); "
+                         "order the mesh devices by process")
+    return lo, hi
+
+
+@functools.lru_cache(maxsize=32)
+def _compiled_step(config: TrainConfig, drafter_config: DrafterConfig,
+                   target_config: TargetConfig, logp_mode: Optional[str], mesh: Mesh,
+                   shardings: "_Hashable"):
+    """jit(step) with explicit in/out shardings (state, target params, batch); cached so
+    repeated runs in one process (resume, tests) reuse the compiled executable."""
+    step_fn = make_train_step(config, drafter_config, target_config, logp_mode)
+    state_sh, tparams_sh, batch_sh = shardings.value
+    return jax.jit(step_fn, in_shardings=(state_sh, tparams_sh, batch_sh),
+                   out_shardings=(state_sh, _replicated(mesh)), donate_argnums=(0,))
+
+
+@functools.lru_cache(maxsize=32)
+def _compiled_eval(config: TrainConfig, drafter_config: DrafterConfig,
+                   target_config: TargetConfig, logp_mode: Optional[str], mesh: Mesh):
+    fn = functools.partial(loss_terms, config=config, drafter_config=drafter_config,
+                           target_config=target_config, logp_mode=logp_mode)
+    return jax.jit(lambda p, t, b, r, s: fn(p, t, b, r, s)[1], out_shardings=_replicated(mesh))
+
+
+class _Hashable:
+    """A pytree of shardings as a cache key (NamedShardings hash; dicts do not)."""
+
+    def __init__(self, value):
+        self.value = value
+        leaves, treedef = jax.tree.flatten(value)
+        self._key = (treedef, tuple(leaves))
+
+    def __hash__(self):
+        return hash(self._key)
+
+    def __eq__(self, other):
+        return isinstance(other, _Hashable) and self._key == other._key
+
+
+def _step_cache_key(config: TrainConfig) -> TrainConfig:
+    """Fields that do not change the step function are normalised away."""
+    return config.replace(name="", data="", target="", checkpoint_every=1, keep_checkpoints=1,
+                          log_every=1, export=False, seed=0)
+
+
+# ---- targets and data ---------------------------------------------------------------------------
+
+def resolve_target(target: Any, config: TrainConfig):
+    """A `generation.Target`, a (TargetConfig, params[, name]) tuple, or None (load
+    config.target with `load_target`) -> (TargetConfig, params, name)."""
+    if target is None:
+        if not config.target:
+            raise ValueError("no target: set target (--target PRESET_OR_PATH)")
+        from dblast_jax.generation import load_target
+        dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[config.param_dtype]
+        target = load_target(config.target, dtype=dtype)
+    if hasattr(target, "config") and hasattr(target, "params"):
+        return target.config, target.params, getattr(target, "name", target.config.name)
+    if isinstance(target, tuple) and len(target) in (2, 3):
+        tcfg, tparams = target[0], target[1]
+        return tcfg, tparams, (target[2] if len(target) == 3 else tcfg.name)
+    raise TypeError(f"target must be a Target, (TargetConfig, params) or None; got "
+                    f"{type(target).__name__}")
+
+
+def _make_batcher(data: Any, config: TrainConfig, tcfg: TargetConfig, rows: tuple[int, int]):
+    b, t = config.block_size, config.seq_len
+    if data is None:
+        data = config.data
+    if isinstance(data, str):
+        data = batches_lib.make_source(
+            data, vocab_size=tcfg.vocab_size, block_size=b, seq_len=t,
+            verify_temperature=config.verify_temperature, seed=config.seed,
+            num_phrases=config.synthetic_num_phrases, phrase_len=config.synthetic_phrase_len,
+            logit_scale=config.synthetic_logit_scale)
+    if hasattr(data, "usable_indices"):
+        return batches_lib.Batcher(data, batch_size=config.batch_size, seq_len=t, block_size=b,
+                                   seed=config.seed, rows=rows)
+    if isinstance(data, (list, tuple)):
+        src = batches_lib.ListSource(data, name="corpus",
+                                     verify_temperature=config.verify_temperature)
+        return batches_lib.Batcher(src, batch_size=config.batch_size, seq_len=t, block_size=b,
+                                   seed=config.seed, rows=rows)
+    if hasattr(data, "__next__") and hasattr(data, "get_state"):
+        return data  # a ready batcher
+    if callable(data):
+        return batches_lib.IteratorBatcher(data, local_batch_size=rows[1] - rows[0],
+                                           seq_len=t, block_size=b,
+                                           verify_temperature=config.verify_temperature)
+    raise TypeError(f"data must be 'synthetic', a .jsonl path, a random-access source, a "
+                    f"list of records, a batcher, or a function returning an iterator; got "
+                    f"{type(data).__name__}")
+
+
+# ---- the loop ---------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class TrainResult:
+    workdir: str
+    step: int  # the step reached
+    history: list[dict[str, Any]]  # logged metrics of this run
+    export_path: Optional[str]
+    timing: dict[str, float]
+    params: Any = None  # final drafter params (global jax arrays)
+
+
+def _to_py(x):
+    x = np.asarray(x)
+    return x.tolist() if x.ndim else x.item()
+
+
+class Trainer:
+    """One training run in `workdir` (resumed if the workdir holds this experiment).
+
+    target: a generation.Target, (TargetConfig, params[, name]) or None (load
+    config.target). data: None (config.data), 'synthetic', a .jsonl path, a random-access
+    source, a list of records, a batcher or an iterator factory. mesh: a Mesh or None
+    (config.mesh over all devices)."""
+
+    def __init__(self, config: TrainConfig, workdir: str, *, target: Any = None,
+                 data: Any = None, mesh: Optional[Mesh] = None,
+                 drafter_config: Optional[DrafterConfig] = None, progress: bool = True,
+                 async_checkpoints: bool = True, log: Callable[[str], None] = print):
+        self.config = config
+        self.log = log if jax.process_index() == 0 else (lambda s: None)
+        self.progress = progress and jax.process_index() == 0
+        tcfg, tparams, tname = resolve_target(target, config)
+        dcfg = drafter_config or config.drafter_config(tcfg)
+        drafter_lib.check_drafter_fits_target(dcfg, tcfg)
+        self.target_config, self.drafter_config, self.target_name = tcfg, dcfg, tname
+        # Every check (identity, mesh, data) runs before anything is written.
+        self.identity = experiment_identity(dcfg, tname, config.loss)
+        self.workdir = os.path.abspath(workdir)
+        check_workdir(self.workdir, self.identity)
+        self.mesh = mesh if mesh is not None else sharding_lib.make_mesh(*config.mesh)
+        self.dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[config.param_dtype]
+        self.rows = _local_rows(self.batch_row_sharding((config.batch_size, config.seq_len)),
+                                (config.batch_size, config.seq_len))
+        self.batcher = _make_batcher(data, config, tcfg, self.rows)
+        self._setup_shardings(tparams)
+
+        record = dict(config.to_dict(), target=config.target or tname)
+        self.ckpt = Checkpointer(self.workdir, self.identity, keep=config.keep_checkpoints,
+                                 train_config=record, async_save=async_checkpoints)
+        self.tparams = jax.tree.map(lambda x, s: _put(x, s), tparams, self.tparams_sh)
+        self.state = self._init_or_restore()
+
+    # -- setup
+    def batch_row_sharding(self, shape: tuple[int, ...]) -> NamedSharding:
+        return NamedSharding(self.mesh, _batch_spec(shape, self.mesh))
+
+    def _setup_shardings(self, tparams: Params) -> None:
+        mesh, cfg = self.mesh, self.config
+        abstract = drafter_lib.abstract_drafter_params(self.drafter_config, self.target_config,
+                                                       self.dtype)
+        self.param_specs = drafter_lib.drafter_partition_specs(abstract, mesh)
+        param_sh = jax.tree.map(lambda s: NamedSharding(mesh, s), self.param_specs,
+                                is_leaf=lambda x: isinstance(x, P))
+        self.tx, self.schedule = make_optimizer(cfg)
+        abstract_opt = jax.eval_shape(self.tx.init, abstract)
+        opt_sh = _opt_state_shardings(abstract_opt, self.param_specs, mesh)
+        self.state_sh = TrainState(step=_replicated(mesh), params=param_sh, opt_state=opt_sh,
+                                   rng=_replicated(mesh))
+        self.tparams_sh = sharding_lib.named_shardings(tparams, mesh)
+
+    def _fresh_state(self) -> TrainState:
+        cfg = self.config
+        host = drafter_lib.init_drafter_params(self.drafter_config, self.target_config,
+                                               cfg.seed, self.dtype)
+        params = jax.tree.map(lambda x, s: _put(x, s), host, self.state_sh.params)
+        opt_state = jax.jit(self.tx.init, out_shardings=self.state_sh.opt_state)(params)
+        return TrainState(step=_put(np.int32(0), self.state_sh.step), params=params,
+                          opt_state=opt_state,
+                          rng=_put(np.asarray(jax.random.PRNGKey(cfg.seed)), self.state_sh.rng))
+
+    def _abstract_state(self) -> dict[str, Any]:
+        abstract = drafter_lib.abstract_drafter_params(self.drafter_config, self.target_config,
+                                                       self.dtype)
+        tree = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=abstract,
+                          opt_state=jax.eval_shape(self.tx.init, abstract),
+                          rng=jax.ShapeDtypeStruct((2,), jnp.uint32))
+        return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                            tree, self.state_sh).to_dict()
+
+    def _init_or_restore(self) -> TrainState:
+        latest = self.ckpt.latest_step()
+        if latest is None:
+            self.start_step = 0
+            return self._fresh_state()
+        state, data_state = self.ckpt.restore(self._abstract_state(), latest)
+        self.batcher.set_state(data_state)
+        self.start_step = int(latest)
+        self.log(f"resumed {self.workdir} at step {latest}")
+        self._truncate_metrics(latest)
+        return TrainState.from_dict(state)
+
+    def _truncate_metrics(self, step: int) -> None:
+        """Drop metric lines written after the restored checkpoint (they will be redone)."""
+        path = os.path.join(self.workdir, "metrics.jsonl")
+        if jax.process_index() != 0 or not os.path.exists(path):
+            return
+        with open(path) as f:
+            keep = [ln for ln in f if ln.strip() and json.loads(ln).get("step", 0) <= step]
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            f.writelines(keep)
+        os.replace(tmp, path)
+
+    # -- data on device
+    def logp_mode(self, batch_keys: Iterable[str]) -> Optional[str]:
+        cfg = self.config
+        need = cfg.uses_al or cfg.track_al
+        if not need:
+            return None
+        has = "logp" in batch_keys
+        if cfg.logp_source == "data":
+            if not has:
+                raise ValueError("logp_source='data' but the corpus stores no logp; "
+                                 "set logp_source=target")
+            return "data"
+        if cfg.logp_source == "target":
+            return "target"
+        return "data" if has else "target"
+
+    def global_batch(self, local: Mapping[str, np.ndarray], mode: Optional[str]
+                     ) -> dict[str, Array]:
+        """Process-local rows -> global arrays sharded on the batch axis."""
+        out = {}
+        for k, v in local.items():
+            if k == "logp" and mode != "data":
+                continue
+            shape = (self.config.batch_size,) + v.shape[1:]
+            if v.shape[0] != self.rows[1] - self.rows[0]:
+                raise ValueError(f"batch field {k!r} has {v.shape[0]} rows; this process "
+                                 f"holds rows {self.rows} of {shape[0]}")
+            out[k] = jax.make_array_from_process_local_data(self.batch_row_sharding(shape), v,
+                                                            shape)
+        return out
+
+    def _step_fn(self, mode: Optional[str], batch: Mapping[str, Array]):
+        batch_sh = {k: v.sharding for k, v in batch.items()}
+        key = _Hashable((self.state_sh, self.tparams_sh, batch_sh))
+        return _compiled_step(_step_cache_key(self.config), self.drafter_config,
+                              self.target_config, mode, self.mesh, key)
+
+    # -- the loop
+    def run(self, stop_at: Optional[int] = None) -> TrainResult:
+        """Train to config.num_steps (or `stop_at`, saving a checkpoint there, as a
+        graceful preemption would). Returns the logged history of this run."""
+        cfg = self.config
+        end = cfg.num_steps if stop_at is None else min(int(stop_at), cfg.num_steps)
+        step = self.start_step
+        history: list[dict[str, Any]] = []
+        metrics_path = os.path.join(self.workdir, "metrics.jsonl")
+        primary = jax.process_index() == 0
+        bar = None
+        if self.progress and step < end:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=end, initial=step, desc=cfg.name, dynamic_ncols=True)
+        t_start = time.perf_counter()
+        t_last, steps_since, first_step_s = t_start, 0, None
+        while step < end:
+            local = next(self.batcher)
+            mode = self.logp_mode(local.keys())
+            batch = self.global_batch(local, mode)
+            fn = self._step_fn(mode, batch)
+            self.state, metrics = fn(self.state, self.tparams, batch)
+            step += 1
+            steps_since += 1
+            if step % cfg.log_every == 0 or step == end or first_step_s is None:
+                m = jax.device_get(metrics)
+                now = time.perf_counter()
+                dt = now - t_last
+                row = {"step": step, **{k: _to_py(v) for k, v in m.items()}}
+                if first_step_s is None:
+                    first_step_s = dt  # includes compilation
+                    row["compile_and_step_s"] = dt
+                else:
+                    row["step_time_s"] = dt / steps_since
+                    row["tokens_per_s"] = int(m["tokens"]) * steps_since / dt
+                t_last, steps_since = now, 0
+                history.append(row)
+                if primary:
+                    with open(metrics_path, "a") as f:
+                        f.write(json.dumps(row) + "\n")
+                if bar is not None:
+                    post = {"loss": f"{row['loss']:.3f}"}
+                    if "al_estimate" in row:
+                        post["AL"] = f"{row['al_estimate']:.2f}"
+                    if "tokens_per_s" in row:
+                        post["tok/s"] = f"{row['tokens_per_s']:.0f}"
+                    bar.set_postfix(post, refresh=False)
+            if bar is not None:
+                bar.update(1)
+            if step % cfg.checkpoint_every == 0 or step == end:
+                self.ckpt.save(step, self.state.to_dict(), self.batcher.get_state())
+        if bar is not None:
+            bar.close()
+        self.ckpt.wait()
+        total = time.perf_counter() - t_start
+        export_path = None
+        if step >= cfg.num_steps and cfg.export and (stop_at is None or stop_at >= cfg.num_steps):
+            export_path = self.export(os.path.join(self.workdir, "export"))
+        timed = [h for h in history if "step_time_s" in h]
+        timing = {"wall_s": total, "first_step_s": first_step_s or 0.0,
+                  "steps": float(step - self.start_step)}
+        if timed:
+            timing["step_time_s"] = float(np.mean([h["step_time_s"] for h in timed]))
+            timing["tokens_per_s"] = float(np.mean([h["tokens_per_s"] for h in timed]))
+        self.start_step = step
+        return TrainResult(self.workdir, step, history, export_path, timing, self.state.params)
+
+    # -- evaluation and export
+    def evaluate(self, data: Any, num_batches: int = 4, seed: int = 1234,
+                 step: Optional[int] = None) -> dict[str, Any]:
+        """Mean metrics over `num_batches` batches of `data` (anything `Trainer` accepts
+        as data, read from its start) with fixed anchors from `seed`; no update."""
+        cfg = self.config
+        batcher = _make_batcher(data, cfg, self.target_config, self.rows)
+        step = int(self.state.step) if step is None else step
+        sums: dict[str, Any] = {}
+        for i in range(num_batches):
+            local = next(batcher)
+            mode = "data" if ("logp" in local and cfg.logp_source != "target") else "target"
+            batch = self.global_batch(local, mode)
+            fn = _compiled_eval(_step_cache_key(cfg), self.drafter_config,
+                                self.target_config, mode, self.mesh)
+            rng = jax.random.fold_in(jax.random.PRNGKey(seed), i)
+            m = jax.device_get(fn(self.state.params, self.tparams, batch, rng,
+                                  jnp.int32(step)))
+            for k, v in m.items():
+                sums[k] = sums.get(k, 0) + np.asarray(v, np.float64)
+        return {k: _to_py(v / num_batches) for k, v in sums.items()}
+
+    def params_host(self) -> Params:
+        """The drafter parameters as numpy on every process (gathered if sharded across
+        processes)."""
+        leaves = jax.tree.leaves(self.state.params)
+        if all(x.is_fully_addressable for x in leaves):
+            return jax.device_get(self.state.params)
+        from jax.experimental import multihost_utils
+        return multihost_utils.process_allgather(self.state.params, tiled=True)
+
+    def export(self, folder: str) -> Optional[str]:
+        """Write the drafter in DFlash format (dblast_jax.io.dflash), primary process only."""
+        try:
+            from dblast_jax.io.dflash import export_drafter
+        except ImportError as e:  # the export module is optional
+            self.log(f"export skipped: dblast_jax.io.dflash unavailable ({e})")
+            return None
+        params = self.params_host()
+        if jax.process_index() == 0:
+            export_drafter(params, self.drafter_config, folder,
+                           dtype=self.config.param_dtype)
+            self.log(f"exported drafter to {folder}")
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+            multihost_utils.sync_global_devices("dblast_export")
+        return folder
+
+    def close(self) -> None:
+        self.ckpt.close()
+
+
+def train(config: TrainConfig, workdir: str, *, target: Any = None, data: Any = None,
+          mesh: Optional[Mesh] = None, stop_at: Optional[int] = None, progress: bool = True,
+          **kw) -> TrainResult:
+    """Build a Trainer, run it, close it."""
+    trainer = Trainer(config, workdir, target=target, data=data, mesh=mesh, progress=progress,
+                      **kw)
+    try:
+        return trainer.run(stop_at=stop_at)
+    finally:
+        trainer.close()
+
+
+# ---- measurement ----------------------------------------------------------------------------
+
+def step_memory_analysis(config: TrainConfig, target_config: TargetConfig,
+                         drafter_config: Optional[DrafterConfig] = None) -> dict[str, int]:
+    """Compile one single-device train step for abstract inputs (nothing is allocated or
+    run) and return XLA's memory analysis in bytes: temp (activations and scratch: what
+    vocabulary chunking bounds), argument, output, and their sum. Compare
+    logits_chunk_size = vocab (one chunk: the [rows, V] logits exist, as naive code
+    would hold them) with a small chunk to see the saving."""
+    dcfg = drafter_config or config.drafter_config(target_config)
+    dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[config.param_dtype]
+    mode = "target" if (config.uses_al or config.track_al) else None
+    step_fn = make_train_step(config, dcfg, target_config, mode)
+    tx, _ = make_optimizer(config)
+    dparams = drafter_lib.abstract_drafter_params(dcfg, target_config, dtype)
+    state = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=dparams,
+                       opt_state=jax.eval_shape(tx.init, dparams),
+                       rng=jax.ShapeDtypeStruct((2,), jnp.uint32))
+    tparams = target_lib.abstract_params(target_config, dtype)
+    b, t = config.batch_size, config.seq_len
+    batch = {"tokens": jax.ShapeDtypeStruct((b, t), jnp.int32),
+             "loss_mask": jax.ShapeDtypeStruct((b, t), jnp.bool_),
+             "lengths": jax.ShapeDtypeStruct((b,), jnp.int32)}
+    compiled = jax.jit(step_fn).lower(state, tparams, batch).compile()
+    m = compiled.memory_analysis()
+    out = {k: int(getattr(m, f"{k}_size_in_bytes")) for k in ("temp", "argument", "output")}
+    out["total"] = out["temp"] + out["argument"] + out["output"]
+    return out
