@@ -53,6 +53,7 @@ def drafter_cost(target, block, batches, repeats):
         verify = jax.jit(functools.partial(T.extend, config=tc))
         block_tokens = jnp.ones((batch, block), jnp.int32)
         pos = jnp.full((batch,), 64, jnp.int32)
+        anchor = jnp.ones((batch,), jnp.int32)
         t_verify = median_time(lambda: verify(target.params, block_tokens, pos, tcache)[0], repeats)
         for k in (1, 4):
             dcfg = DrafterConfig.for_target(tc, num_layers=1, block_size=block, num_categories=k)
@@ -63,18 +64,18 @@ def drafter_cost(target, block, batches, repeats):
                                       drafter_config=dcfg)
 
             def one_branch(dp, tp, cache):
-                hidden, prior = D.draft_hidden(dp, tp, pos[:, 0] * 0 + 1, pos, cache,
+                hidden, prior = D.draft_hidden(dp, tp, anchor, pos, cache,
                                                drafter_config=dcfg, target_config=tc)
                 z = jnp.argmax(prior, -1)
                 return jnp.argmax(D.branch_logits(tp, D.select_branch(hidden, z), tc), -1)
 
             def all_branches(dp, tp, cache):
-                hidden, _ = D.draft_hidden(dp, tp, pos[:, 0] * 0 + 1, pos, cache,
+                hidden, _ = D.draft_hidden(dp, tp, anchor, pos, cache,
                                            drafter_config=dcfg, target_config=tc)
                 return jnp.argmax(D.branch_logits(tp, hidden, tc), -1)
 
             def body_only(dp, tp, cache):
-                return D.draft_hidden(dp, tp, pos[:, 0] * 0 + 1, pos, cache,
+                return D.draft_hidden(dp, tp, anchor, pos, cache,
                                       drafter_config=dcfg, target_config=tc)[0]
 
             for name, fn in (("one branch + head", one_branch), ("all K + head", all_branches),

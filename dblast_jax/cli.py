@@ -85,6 +85,46 @@ def _drafter_for(spec: str, target, dtype):
     return load_drafter(spec, target, dtype)
 
 
+def _cmd_train(args) -> int:
+    from dblast_jax.train import checkpoint as ckpt_lib
+    from dblast_jax.train.config import TrainConfig, apply_overrides, get_experiment
+    from dblast_jax.train.trainer import train
+
+    saved = ckpt_lib.read_train_config(args.workdir)
+    if args.experiment:
+        config = get_experiment(args.experiment, args.override)
+    elif saved is not None:  # resume from the workdir alone
+        config = apply_overrides(TrainConfig.from_dict(saved), args.override)
+    else:
+        raise ValueError(f"{args.workdir!r} holds no run; pass --experiment NAME")
+    changes = {k: v for k, v in (("target", args.target), ("data", args.data)) if v}
+    config = config.replace(**changes) if changes else config
+    result = train(config, args.workdir, stop_at=args.stop_at)
+    print(json.dumps({"workdir": result.workdir, "step": result.step,
+                      "export": result.export_path, "timing": result.timing}))
+    return 0
+
+
+def _cmd_export(args) -> int:
+    from dblast_jax.generation import export_drafter, load_drafter, load_target
+    from dblast_jax.train.checkpoint import read_train_config
+
+    if read_train_config(args.source) is not None:  # a training workdir
+        from dblast_jax.train.config import TrainConfig
+        from dblast_jax.train.trainer import Trainer
+        config = TrainConfig.from_dict(read_train_config(args.source))
+        trainer = Trainer(config, args.source, progress=False)
+        try:
+            path = trainer.export(args.out)
+        finally:
+            trainer.close()
+    else:  # an existing export / DFlash folder: re-export (e.g. to bfloat16)
+        target = load_target(args.target)
+        path = export_drafter(load_drafter(args.source, target), args.out, dtype=args.dtype)
+    print(f"exported drafter to {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dblast", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -111,6 +151,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compile first so the reported speed excludes compilation")
     _add_sampling_args(p)
     p.set_defaults(func=_cmd_generate)
+
+    p = sub.add_parser("train", help="train a drafter (resumes from --workdir alone)")
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--experiment", help="experiment name (launch/train.py --list_experiments)")
+    p.add_argument("--override", action="append", default=[], help="key=value (repeatable)")
+    p.add_argument("--target", help="target preset / HF folder / .gguf")
+    p.add_argument("--data", help="'synthetic', a .jsonl, or a regenerated corpus folder")
+    p.add_argument("--stop-at", type=int, help="stop (with a checkpoint) after this step")
+    p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("export", help="write a drafter in the DFlash layout (PyTorch-loadable)")
+    p.add_argument("source", help="a training workdir or a drafter folder")
+    p.add_argument("--out", required=True)
+    p.add_argument("--target", default="smollm2-135m-instruct",
+                   help="the drafter's target (needed for a drafter folder)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.set_defaults(func=_cmd_export)
 
     from dblast_jax.data.cli_commands import add_data_subcommands
     add_data_subcommands(sub)

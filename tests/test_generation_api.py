@@ -73,3 +73,18 @@ def test_cli_generate_real_model_json_with_random_drafter(capsys):
     assert out["model"] == "smollm2-135m-instruct"
     assert 1 <= len(out["tokens"][0]) <= 6 and isinstance(out["text"][0], str)
     assert out["stats"]["steps"] >= 1
+
+
+def test_cli_train_resume_and_export_round_trip(tmp_path, capsys):
+    workdir, out = str(tmp_path / "run"), str(tmp_path / "export")
+    common = ["--override", "batch_size=2", "--override", "seq_len=24",
+              "--override", "anchors_per_sequence=2"]
+    assert cli.main(["train", "--workdir", workdir, "--experiment", "tiny_dflash",
+                     "--override", "num_steps=3", "--stop-at", "2"] + common) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["step"] == 2
+    # the workdir alone resumes the run to its end
+    assert cli.main(["train", "--workdir", workdir]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["step"] == 3
+    assert cli.main(["export", workdir, "--out", out]) == 0
+    drafter = dj.load_drafter(out, dj.load_target("tiny-llama"))
+    assert drafter.config.block_size >= 2

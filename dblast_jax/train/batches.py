@@ -254,8 +254,11 @@ def make_source(data: str, *, vocab_size: int, block_size: int, seq_len: int,
     if data.endswith(".jsonl"):
         return ListSource(load_jsonl(data, verify_temperature), name=data,
                           verify_temperature=verify_temperature)
-    raise ValueError(f"data {data!r}: expected 'synthetic' or a .jsonl file of token lists / "
-                     "records")
+    if os.path.isdir(data) and os.path.exists(os.path.join(data, "manifest.json")):
+        from dblast_jax.data.corpus import Corpus  # a `dblast data regenerate` folder
+        return Corpus(data, verify_temperature=verify_temperature)
+    raise ValueError(f"data {data!r}: expected 'synthetic', a .jsonl file of token lists / "
+                     "records, or a corpus folder written by `dblast data regenerate`")
 
 
 # ---- batch assembly -----------------------------------------------------------------------
