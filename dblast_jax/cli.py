@@ -4,6 +4,8 @@
     dblast generate --prompt "Hi" [--json]    # chat with a target (plain sampling)
     dblast generate --drafter DIR ...         # speculative decoding, prints tau
     dblast data fetch | regenerate | stats    # benchmarks, training corpora, corpus report
+    dblast train --experiment NAME --workdir DIR; dblast export DIR --out FOLDER
+    dblast eval --drafter base=DIR --drafter k4=DIR --baseline base
 """
 
 from __future__ import annotations
@@ -125,6 +127,28 @@ def _cmd_export(args) -> int:
     return 0
 
 
+def _cmd_eval(args) -> int:
+    import jax.numpy as jnp
+
+    from dblast_jax.evaluate import run_evaluation, table_markdown
+    from dblast_jax.generation import load_target
+
+    target = load_target(args.model)
+    drafters = {}
+    for spec in args.drafter:
+        name, _, path = spec.partition("=")
+        if not path:
+            raise ValueError(f"--drafter {spec!r}: expected NAME=FOLDER (or NAME=random-kN)")
+        drafters[name] = _drafter_for(path, target, jnp.float32)
+    results = run_evaluation(
+        target, drafters, benchmarks=args.benchmarks, temperatures=args.temperatures,
+        prompts_per_benchmark=args.prompts_per_benchmark, max_new_tokens=args.max_new_tokens,
+        out_dir=args.out, baseline=args.baseline, seed=args.seed, verify_mode=args.verify_mode)
+    print(table_markdown(results["tables"]["tau"]))
+    print(f"results, tables and plots in {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dblast", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -168,6 +192,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the drafter's target (needed for a drafter folder)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.set_defaults(func=_cmd_export)
+
+    p = sub.add_parser("eval", help="tau / speedup across benchmarks and temperatures")
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--drafter", action="append", required=True,
+                   help="NAME=FOLDER (repeatable; NAME=random-kN for an untrained one)")
+    p.add_argument("--baseline", help="drafter NAME the gains are relative to")
+    p.add_argument("--benchmarks", nargs="+",
+                   default=["humaneval", "mt-bench", "gsm8k", "creative-writing"])
+    p.add_argument("--temperatures", type=float, nargs="+", default=[0.7, 1.0, 1.5])
+    p.add_argument("--prompts-per-benchmark", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--verify-mode", default="greedy-branch",
+                   choices=("greedy-branch", "sampled-branch", "mixture"))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="eval_out", help="resumable output folder")
+    p.set_defaults(func=_cmd_eval)
 
     from dblast_jax.data.cli_commands import add_data_subcommands
     add_data_subcommands(sub)

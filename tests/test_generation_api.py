@@ -88,3 +88,8 @@ def test_cli_train_resume_and_export_round_trip(tmp_path, capsys):
     assert cli.main(["export", workdir, "--out", out]) == 0
     drafter = dj.load_drafter(out, dj.load_target("tiny-llama"))
     assert drafter.config.block_size >= 2
+
+
+def test_cli_eval_needs_named_drafters(capsys):
+    assert cli.main(["eval", "--model", "tiny-llama", "--drafter", "nameless"]) == 1
+    assert "NAME=FOLDER" in capsys.readouterr().err

@@ -1,0 +1,505 @@
+"""Evaluation: tau and speedup per (drafter, benchmark, temperature), tables and plots.
+
+Two layers:
+
+* Pure maths on plain rows (numpy only): `pool_rows`, `aggregate`, `build_table`,
+  `table_markdown` / `table_csv`. A *row* is one finished unit of work (one prompt, or
+  one batch of prompts when `batch_size > 1`) for one method ("plain" or a drafter name)
+  on one benchmark at one temperature.
+* `run_evaluation`, which produces the rows with `generate` / `speculative_generate`,
+  appends each to `rows.jsonl` as soon as it finishes (so a rerun skips finished work)
+  and writes results.json / .csv / .md and PNG plots at the end.
+
+Pooling convention: a cell's tau is total emitted tokens per step over all its steps,
+sum_steps (accepted + 1) / n_steps, i.e. prompts are weighted by their number of steps
+(a long answer counts more than a short one), which is what tokens per target pass
+means. The expected tau is pooled the same way. The macro average is the unweighted
+mean of the per-benchmark cell taus (every benchmark counts the same).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import zlib
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+import numpy as np
+
+__all__ = ["PLAIN", "pool_rows", "aggregate", "per_position_from_histogram", "macro_average",
+           "relative_gain", "build_table", "table_markdown", "table_csv", "write_tables",
+           "write_plots", "run_evaluation", "temperature_key"]
+
+PLAIN = "plain"  # method name of the plain-decoding rows (reserved; no drafter may use it)
+
+
+def temperature_key(t: float) -> str:
+    """Stable text form of a temperature (JSONL keys, column names): 0.7 -> '0.7'."""
+    return repr(float(t))
+
+
+# ---- pure maths ----------------------------------------------------------------------------
+
+def per_position_from_histogram(histogram: Sequence[int]) -> list[Optional[float]]:
+    """P(draft i accepted | drafts 1..i-1 accepted), i = 1..b-1, from counts of accepted.
+
+    `histogram[k]` = number of steps that accepted exactly k drafts (k = 0..b-1). Position
+    i was reached by steps with >= i-1 accepted and passed by those with >= i; None where
+    no step reached it.
+    """
+    h = np.asarray(histogram, dtype=np.int64)
+    at_least = np.cumsum(h[::-1])[::-1]  # at_least[k] = #steps with accepted >= k
+    out = []
+    for i in range(1, len(h)):
+        reached, passed = int(at_least[i - 1]), int(at_least[i])
+        out.append(passed / reached if reached else None)
+    return out
+
+
+def _add_hist(a: Sequence[int], b: Sequence[int]) -> list[int]:
+    n = max(len(a), len(b))
+    return [int((a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0)) for i in range(n)]
+
+
+def pool_rows(rows: Iterable[Mapping[str, Any]]) -> dict:
+    """Pool rows of one cell: step-weighted tau / expected tau, summed histogram and timing.
+
+    Plain rows carry no steps; their tau fields stay None.
+    """
+    steps = 0
+    tau_sum = 0.0
+    exp_sum = 0.0
+    hist: list[int] = []
+    new_tokens = 0
+    seconds = 0.0
+    prompts = 0
+    for row in rows:
+        prompts += len(row.get("prompt_ids", ())) or 1
+        new_tokens += int(row.get("new_tokens", 0))
+        seconds += float(row.get("seconds", 0.0))
+        n = int(row.get("steps") or 0)
+        if n:
+            steps += n
+            tau_sum += float(row["tau"]) * n
+            exp_sum += float(row["tau_expected"]) * n
+            hist = _add_hist(hist, row.get("histogram") or [])
+    return {
+        "prompts": prompts,
+        "steps": steps,
+        "tau": tau_sum / steps if steps else None,
+        "tau_expected": exp_sum / steps if steps else None,
+        "histogram": hist,
+        "per_position_acceptance": per_position_from_histogram(hist) if hist else [],
+        "new_tokens": new_tokens,
+        "seconds": seconds,
+        "tokens_per_s": new_tokens / seconds if seconds > 0 else None,
+    }
+
+
+def aggregate(rows: Iterable[Mapping[str, Any]]) -> list[dict]:
+    """Cells, one per (method, benchmark, temperature), with speedup vs the plain cell.
+
+    speedup = tokens/s of the method / tokens/s of plain decoding on the same benchmark
+    and temperature (None when that plain cell is missing, and for plain itself = 1.0).
+    """
+    groups: dict[tuple, list] = {}
+    for row in rows:
+        key = (row["method"], row["benchmark"], float(row["temperature"]))
+        groups.setdefault(key, []).append(row)
+    cells = {}
+    for (method, bench, temp), group in groups.items():
+        cell = {"method": method, "benchmark": bench, "temperature": temp}
+        cell.update(pool_rows(group))
+        cells[(method, bench, temp)] = cell
+    for (method, bench, temp), cell in cells.items():
+        plain = cells.get((PLAIN, bench, temp))
+        base = plain["tokens_per_s"] if plain else None
+        own = cell["tokens_per_s"]
+        cell["speedup"] = own / base if (own is not None and base) else None
+    return [cells[k] for k in sorted(cells, key=lambda k: (k[1], k[2], k[0] != PLAIN, k[0]))]
+
+
+def macro_average(values: Sequence[Optional[float]]) -> Optional[float]:
+    """Unweighted mean over benchmarks; None if any benchmark is missing (no partial macro)."""
+    if not values or any(v is None or (isinstance(v, float) and math.isnan(v)) for v in values):
+        return None
+    return float(np.mean(values))
+
+
+def relative_gain(value: Optional[float], base: Optional[float]) -> Optional[float]:
+    """(value / base - 1) * 100, in percent; None when either is missing or base is 0."""
+    if value is None or base is None or base == 0:
+        return None
+    return (value / base - 1.0) * 100.0
+
+
+def build_table(cells: Sequence[Mapping[str, Any]], baseline: Optional[str] = None,
+                metric: str = "tau") -> dict:
+    """Rows = drafters, columns = benchmark@T for each benchmark x temperature, then
+    macro@T per temperature and (with a baseline) gain@T = relative macro gain in %.
+
+    Returns {"metric", "baseline", "columns", "rows": [{"drafter", col: value, ...}]}.
+    """
+    drafters = sorted({c["method"] for c in cells if c["method"] != PLAIN})
+    benchmarks = sorted({c["benchmark"] for c in cells})
+    temps = sorted({float(c["temperature"]) for c in cells})
+    if baseline is not None and baseline not in drafters:
+        raise ValueError(f"baseline {baseline!r} is not among the drafters {drafters}")
+    lookup = {(c["method"], c["benchmark"], float(c["temperature"])): c.get(metric)
+              for c in cells}
+    columns = [f"{b}@T{temperature_key(t)}" for b in benchmarks for t in temps]
+    columns += [f"macro@T{temperature_key(t)}" for t in temps]
+    if baseline is not None:
+        columns += [f"gain@T{temperature_key(t)}" for t in temps]
+
+    def macro(d, t):
+        return macro_average([lookup.get((d, b, t)) for b in benchmarks])
+
+    rows = []
+    for d in drafters:
+        row: dict[str, Any] = {"drafter": d}
+        for b in benchmarks:
+            for t in temps:
+                row[f"{b}@T{temperature_key(t)}"] = lookup.get((d, b, t))
+        for t in temps:
+            row[f"macro@T{temperature_key(t)}"] = macro(d, t)
+        if baseline is not None:
+            for t in temps:
+                row[f"gain@T{temperature_key(t)}"] = relative_gain(macro(d, t), macro(baseline, t))
+        rows.append(row)
+    return {"metric": metric, "baseline": baseline, "columns": columns, "rows": rows}
+
+
+def _fmt(value: Any, column: str) -> str:
+    if value is None:
+        return "-"
+    if column.startswith("gain@"):
+        return f"{value:+.1f}%"
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def table_markdown(table: Mapping[str, Any]) -> str:
+    cols = ["drafter"] + list(table["columns"])
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    for row in table["rows"]:
+        lines.append("| " + " | ".join(_fmt(row.get(c), c) if c != "drafter" else row[c]
+                                       for c in cols) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def table_csv(table: Mapping[str, Any]) -> str:
+    """CSV with raw numbers (empty cell = missing); gains in percent."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    cols = ["drafter"] + list(table["columns"])
+    writer.writerow(cols)
+    for row in table["rows"]:
+        writer.writerow(["" if row.get(c) is None else row.get(c) for c in cols])
+    return buf.getvalue()
+
+
+def write_tables(cells: Sequence[Mapping[str, Any]], out_dir: str | Path,
+                 baseline: Optional[str] = None, meta: Optional[Mapping[str, Any]] = None) -> dict:
+    """results.json (cells + tau / expected-tau / speedup tables), results.csv (tau table),
+    results.md (the three tables as markdown). Returns the JSON object."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tables = {m: build_table(cells, baseline, m) for m in ("tau", "tau_expected", "speedup")}
+    result = {"meta": dict(meta or {}), "baseline": baseline, "cells": list(cells),
+              "tables": tables}
+    (out / "results.json").write_text(json.dumps(result, indent=1, sort_keys=True))
+    (out / "results.csv").write_text(table_csv(tables["tau"]))
+    titles = {"tau": "Acceptance length tau (accepted + 1 per step, step-weighted)",
+              "tau_expected": "Expected tau (exact expectation of the same drafts)",
+              "speedup": "Speedup vs plain decoding (tokens/s ratio)"}
+    md = []
+    for m, table in tables.items():
+        md += [f"## {titles[m]}\n", table_markdown(table)]
+    if baseline is not None:
+        md.append(f"\ngain@T = (macro / macro of `{baseline}` - 1) x 100, in %.\n")
+    plain = [c for c in cells if c["method"] == PLAIN]
+    if plain:
+        md.append("\n## Plain decoding tokens/s\n")
+        md += [f"- {c['benchmark']} @T{temperature_key(c['temperature'])}: "
+               f"{_fmt(c.get('tokens_per_s'), '')}\n" for c in plain]
+    (out / "results.md").write_text("\n".join(md))
+    return result
+
+
+# ---- plots ---------------------------------------------------------------------------------
+
+def write_plots(cells: Sequence[Mapping[str, Any]], out_dir: str | Path) -> list[Path]:
+    """tau_vs_temperature.png, acceptance_histograms.png, per_position_acceptance.png."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    spec = [c for c in cells if c["method"] != PLAIN and c.get("steps")]
+    benchmarks = sorted({c["benchmark"] for c in spec})
+    temps = sorted({float(c["temperature"]) for c in spec})
+    drafters = sorted({c["method"] for c in spec})
+    if not spec:
+        return []
+    by = {(c["method"], c["benchmark"], float(c["temperature"])): c for c in spec}
+    paths = []
+
+    fig, axes = plt.subplots(1, len(benchmarks), figsize=(4 * len(benchmarks), 3.2),
+                             squeeze=False)
+    for ax, b in zip(axes[0], benchmarks):
+        for d in drafters:
+            pts = [(t, by[(d, b, t)]["tau"]) for t in temps if (d, b, t) in by]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=d)
+        ax.set_title(b)
+        ax.set_xlabel("temperature")
+        ax.set_ylabel("tau")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    paths.append(out / "tau_vs_temperature.png")
+    fig.savefig(paths[-1], dpi=100)
+    plt.close(fig)
+
+    for name, ylabel in (("acceptance_histograms", "fraction of steps"),
+                         ("per_position_acceptance", "P(accept | reached)")):
+        fig, axes = plt.subplots(len(benchmarks), len(temps),
+                                 figsize=(3.6 * len(temps), 2.8 * len(benchmarks)),
+                                 squeeze=False)
+        for i, b in enumerate(benchmarks):
+            for j, t in enumerate(temps):
+                ax = axes[i][j]
+                width = 0.8 / max(len(drafters), 1)
+                for k, d in enumerate(drafters):
+                    cell = by.get((d, b, t))
+                    if cell is None:
+                        continue
+                    if name == "acceptance_histograms":
+                        h = np.asarray(cell["histogram"], float)
+                        x = np.arange(len(h)) + (k - (len(drafters) - 1) / 2) * width
+                        ax.bar(x, h / max(h.sum(), 1), width=width, label=d)
+                        ax.set_xlabel("accepted drafts")
+                    else:
+                        pp = [np.nan if v is None else v for v in cell["per_position_acceptance"]]
+                        ax.plot(np.arange(1, len(pp) + 1), pp, marker="o", label=d)
+                        ax.set_xlabel("draft position")
+                ax.set_title(f"{b} @T{temperature_key(t)}", fontsize=9)
+                ax.set_ylabel(ylabel, fontsize=8)
+        axes[0][0].legend(fontsize=7)
+        fig.tight_layout()
+        paths.append(out / f"{name}.png")
+        fig.savefig(paths[-1], dpi=100)
+        plt.close(fig)
+    return paths
+
+
+# ---- running -------------------------------------------------------------------------------
+
+def _items_from_benchmark(name: str, limit: Optional[int]) -> list[tuple[str, Any]]:
+    from dblast_jax.data.sources import load_prompts
+    prompts = load_prompts(name)
+    return [(p.id, p) for p in (prompts[:limit] if limit else prompts)]
+
+
+def _items_from_set(items: Sequence[Any], limit: Optional[int]) -> list[tuple[str, Any]]:
+    from dblast_jax.data.sources import Prompt
+    items = list(items[:limit] if limit else items)
+    return [(it.id if isinstance(it, Prompt) else str(i), it) for i, it in enumerate(items)]
+
+
+def _turn_inputs(item: Any, answers: Sequence[str]) -> Any:
+    """What to pass to generate for the next turn of `item` (a Prompt is templated)."""
+    from dblast_jax.data.sources import Prompt
+    from dblast_jax.data.templates import benchmark_turns, chat_messages
+    if isinstance(item, Prompt):
+        return chat_messages(benchmark_turns(item), answers=answers)
+    return item  # a message list or a token list: single turn
+
+
+def _num_turns(item: Any) -> int:
+    from dblast_jax.data.sources import Prompt
+    from dblast_jax.data.templates import benchmark_turns
+    return len(benchmark_turns(item)) if isinstance(item, Prompt) else 1
+
+
+def _merge_turn_stats(stats: Sequence[Mapping[str, Any]]) -> dict:
+    pooled = pool_rows(dict(s, new_tokens=0, seconds=0.0) for s in stats)
+    return {k: pooled[k] for k in ("steps", "tau", "tau_expected", "histogram")}
+
+
+def _seed_for(seed: int, benchmark: str, temperature: float, prompt_ids: Sequence[str]) -> int:
+    """Same key for every method on the same prompts (plain and drafters share it)."""
+    text = f"{seed}|{benchmark}|{temperature_key(temperature)}|{','.join(prompt_ids)}"
+    return zlib.crc32(text.encode()) & 0x7FFFFFFF
+
+
+def _run_unit(target, drafter, items: Sequence[Any], sampling, rng_seed: int,
+              warmup: bool) -> dict:
+    """Generate every turn of a batch of items; one row's worth of numbers."""
+    from dblast_jax.generation import generate, speculative_generate
+    answers: list[list[str]] = [[] for _ in items]
+    turns = max(_num_turns(it) for it in items)
+    if turns > 1 and target.tokenizer is None:
+        raise ValueError("multi-turn prompts need a target with a tokenizer (the first "
+                         "answer is fed back as text)")
+    seconds, new_tokens, stats = 0.0, 0, []
+    for turn in range(turns):
+        active = [i for i, it in enumerate(items) if _num_turns(it) > turn]
+        inputs = [_turn_inputs(items[i], answers[i]) for i in active]
+        rng = rng_seed + 7919 * turn
+        if drafter is None:
+            res = generate(target, inputs, sampling, rng, warmup=warmup)
+        else:
+            res = speculative_generate(target, drafter, inputs, sampling, rng, warmup=warmup)
+            stats.append(res.stats)
+        seconds += float(res.timing["seconds"])
+        new_tokens += int(res.timing["new_tokens"])
+        for i, text in zip(active, res.text):
+            answers[i].append(text if text is not None else "")
+    row = {"seconds": seconds, "new_tokens": new_tokens, "turns": turns}
+    if stats:
+        row.update(_merge_turn_stats(stats))
+    return row
+
+
+def _read_rows(path: Path) -> list[dict]:
+    """Finished rows; a last line cut by an interrupted run is dropped (its unit is redone)."""
+    if not path.exists():
+        return []
+    text = path.read_text()
+    lines = text.split("\n")
+    rows = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if n != len(lines):
+                raise ValueError(f"{path}: line {n} is not valid JSON (only the last line "
+                                 "may be cut by an interrupted run)") from None
+    if text and not text.endswith("\n"):
+        # the next append must start on a fresh line: drop a cut line, end a whole one
+        whole = bool(lines[-1].strip()) and rows and _parses(lines[-1])
+        path.write_text(text + "\n" if whole else text[:text.rfind("\n") + 1])
+    return rows
+
+
+def _parses(line: str) -> bool:
+    try:
+        json.loads(line)
+        return True
+    except json.JSONDecodeError:
+        return False
+
+
+def run_evaluation(target, drafters: Mapping[str, Any], *,
+                   benchmarks: Sequence[str] = ("humaneval", "mt-bench", "gsm8k",
+                                                "creative-writing"),
+                   temperatures: Sequence[float] = (0.7, 1.0, 1.5),
+                   prompts_per_benchmark: Optional[int] = None,
+                   max_new_tokens: int = 256,
+                   out_dir: str | Path = "eval_out",
+                   baseline: Optional[str] = None,
+                   seed: int = 0,
+                   verify_mode: str = "greedy-branch",
+                   batch_size: int = 1,
+                   progress: bool = True,
+                   prompt_sets: Optional[Mapping[str, Sequence[Any]]] = None,
+                   warmup: bool = True,
+                   plots: bool = True) -> dict:
+    """Evaluate `drafters` against plain decoding of `target`; resumable.
+
+    For each benchmark and temperature: plain `generate` once (the speed reference), then
+    `speculative_generate` per drafter on the same prompts with the same seeds. Each
+    finished unit (one prompt, or one batch with `batch_size > 1`) is appended to
+    `out_dir/rows.jsonl` at once; a rerun with the same settings skips it. Multi-turn
+    prompts (MT-Bench) send turn 2 after the model's own first answer, and the row pools
+    both turns.
+
+    `prompt_sets` (name -> items) replaces loading `benchmarks` by name; an item is a
+    `Prompt`, a message list or a token-id list (ids are the item indices). `warmup`
+    runs each jitted call once before timing it (tokens/s then excludes compilation).
+    Returns the results.json object (meta, cells, tables).
+    """
+    from tqdm.auto import tqdm
+
+    from dblast_jax.config import SamplingConfig
+
+    if PLAIN in drafters:
+        raise ValueError(f"{PLAIN!r} names the plain-decoding rows; rename that drafter")
+    if baseline is not None and baseline not in drafters:
+        raise ValueError(f"baseline {baseline!r} is not among the drafters {sorted(drafters)}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    if prompt_sets is not None:
+        sets = {name: _items_from_set(items, prompts_per_benchmark)
+                for name, items in prompt_sets.items()}
+    else:
+        sets = {name: _items_from_benchmark(name, prompts_per_benchmark) for name in benchmarks}
+    temps = [float(t) for t in temperatures]
+
+    meta = {"target": getattr(target, "name", "target"), "seed": seed,
+            "max_new_tokens": max_new_tokens, "verify_mode": verify_mode,
+            "batch_size": batch_size}
+    meta_path = out / "run_config.json"
+    if meta_path.exists():
+        old = json.loads(meta_path.read_text())
+        diff = {k: (old.get(k), v) for k, v in meta.items() if old.get(k) != v}
+        if diff:
+            raise ValueError(f"{out} holds rows from a run with other settings "
+                             f"(setting: (old, new)) {diff}; use another out_dir")
+    else:
+        meta_path.write_text(json.dumps(meta, indent=1, sort_keys=True))
+
+    rows_path = out / "rows.jsonl"
+    rows = _read_rows(rows_path)
+    done = {(r["benchmark"], temperature_key(r["temperature"]), r["method"], pid)
+            for r in rows for pid in r["prompt_ids"]}
+    methods: list[tuple[str, Any]] = [(PLAIN, None)] + list(drafters.items())
+
+    total = sum(len(items) for items in sets.values()) * len(temps) * len(methods)
+    bar = tqdm(total=total, disable=not progress, desc="eval", unit="prompt")
+    bar.update(sum(1 for b, items in sets.items() for t in temps for m, _ in methods
+                   for pid, _ in items if (b, temperature_key(t), m, pid) in done))
+    with rows_path.open("a") as sink:
+        for bench, items in sets.items():
+            for temp in temps:
+                sampling = SamplingConfig(temperature=temp, max_new_tokens=max_new_tokens,
+                                          verify_mode=verify_mode)
+                for method, drafter in methods:
+                    todo = [(pid, it) for pid, it in items
+                            if (bench, temperature_key(temp), method, pid) not in done]
+                    for start in range(0, len(todo), batch_size):
+                        batch = todo[start:start + batch_size]
+                        ids = [pid for pid, _ in batch]
+                        bar.set_postfix_str(f"{bench} T={temp} {method}")
+                        unit = _run_unit(target, drafter, [it for _, it in batch], sampling,
+                                         _seed_for(seed, bench, temp, ids), warmup)
+                        row = {"benchmark": bench, "temperature": temp, "method": method,
+                               "prompt_ids": ids, **unit}
+                        sink.write(json.dumps(row) + "\n")
+                        sink.flush()
+                        rows.append(row)
+                        done.update((bench, temperature_key(temp), method, pid) for pid in ids)
+                        bar.update(len(ids))
+    bar.close()
+
+    # only the rows of this run's selection (a wider earlier run may share out_dir)
+    wanted_ids = {b: {pid for pid, _ in items} for b, items in sets.items()}
+    names = {PLAIN, *drafters}
+    kept = [r for r in rows if r["benchmark"] in wanted_ids and r["method"] in names
+            and float(r["temperature"]) in temps
+            and set(r["prompt_ids"]) <= wanted_ids[r["benchmark"]]]
+    cells = aggregate(kept)
+    meta = dict(meta, benchmarks=list(sets), temperatures=temps, drafters=list(drafters))
+    result = write_tables(cells, out, baseline, meta)
+    if plots:
+        write_plots(cells, out)
+    return result
