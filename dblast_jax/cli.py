@@ -41,7 +41,8 @@ def _cmd_generate(args) -> int:
     import jax.numpy as jnp
 
     from dblast_jax.config import SamplingConfig
-    from dblast_jax.generation import generate, load_target, speculative_generate
+    from dblast_jax.generation import (drafter_from_spec, generate, load_target,
+                                       speculative_generate)
 
     dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[args.dtype]
     target = load_target(args.model, dtype=dtype)
@@ -51,7 +52,7 @@ def _cmd_generate(args) -> int:
                               category_temperature=args.category_temperature,
                               draft_temperature=args.draft_temperature)
     if args.drafter:
-        drafter = _drafter_for(args.drafter, target, dtype)
+        drafter = drafter_from_spec(args.drafter, target, dtype)
         result = speculative_generate(target, drafter, prompts, sampling, rng=args.seed,
                                       chat=not args.no_chat, warmup=args.warmup)
     else:
@@ -73,18 +74,6 @@ def _cmd_generate(args) -> int:
                  f" over {result.stats['steps']} steps")
     print(line)
     return 0
-
-
-def _drafter_for(spec: str, target, dtype):
-    """A drafter folder, or `random` / `random-kN` (untrained: shows the overhead floor)."""
-    from dblast_jax.config import DrafterConfig
-    from dblast_jax.generation import init_drafter, load_drafter
-    if spec.startswith("random"):
-        k = int(spec.split("-k")[1]) if "-k" in spec else 1
-        config = DrafterConfig.for_target(target.config, num_layers=1, block_size=8,
-                                          num_categories=k)
-        return init_drafter(target, config, 0, dtype)
-    return load_drafter(spec, target, dtype)
 
 
 def _cmd_train(args) -> int:
@@ -131,15 +120,10 @@ def _cmd_eval(args) -> int:
     import jax.numpy as jnp
 
     from dblast_jax.evaluate import run_evaluation, table_markdown
-    from dblast_jax.generation import load_target
+    from dblast_jax.generation import load_target, named_drafters
 
     target = load_target(args.model)
-    drafters = {}
-    for spec in args.drafter:
-        name, _, path = spec.partition("=")
-        if not path:
-            raise ValueError(f"--drafter {spec!r}: expected NAME=FOLDER (or NAME=random-kN)")
-        drafters[name] = _drafter_for(path, target, jnp.float32)
+    drafters = named_drafters(args.drafter, target, jnp.float32)
     results = run_evaluation(
         target, drafters, benchmarks=args.benchmarks, temperatures=args.temperatures,
         prompts_per_benchmark=args.prompts_per_benchmark, max_new_tokens=args.max_new_tokens,

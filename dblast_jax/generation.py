@@ -196,6 +196,32 @@ def load_drafter(path: str | os.PathLike, target: Target, dtype=jnp.float32) -> 
     return Drafter(config, params, Path(path).name)
 
 
+def drafter_from_spec(spec: str, target: Target, dtype=jnp.float32) -> Drafter:
+    """A drafter folder, or `random` / `random-kN` (untrained: shows the overhead floor)."""
+    if spec.startswith("random"):
+        from dblast_jax.config import DrafterConfig
+        k = int(spec.split("-k")[1]) if "-k" in spec else 1
+        config = DrafterConfig.for_target(target.config, num_layers=1, block_size=8,
+                                          num_categories=k)
+        drafter = init_drafter(target, config, 0, dtype)
+        drafter.name = spec
+        return drafter
+    return load_drafter(spec, target, dtype)
+
+
+def named_drafters(specs: Sequence[str], target: Target, dtype=jnp.float32) -> dict:
+    """["NAME=FOLDER" | "NAME=random-kN", ...] -> {name: Drafter} (evaluation inputs)."""
+    drafters = {}
+    for spec in specs:
+        name, _, path = spec.partition("=")
+        if not name or not path:
+            raise ValueError(f"drafter {spec!r}: expected NAME=FOLDER (or NAME=random-kN)")
+        if name in drafters:
+            raise ValueError(f"drafter name {name!r} given twice")
+        drafters[name] = drafter_from_spec(path, target, dtype)
+    return drafters
+
+
 def export_drafter(drafter: Drafter, path: str | os.PathLike, format: str = "dflash",
                    dtype: str = "float32") -> Path:
     if format != "dflash":

@@ -3,6 +3,7 @@
 import csv
 import io
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -200,3 +201,23 @@ def test_multi_turn_feeds_the_model_first_answer(monkeypatch):
     assert row["steps"] == 3 and row["tau"] == pytest.approx((1.5 * 2 + 3.0) / 3)
     assert row["tau_expected"] == pytest.approx((1.5 * 2 + 2.0) / 3)
     assert row["histogram"] == [1, 1, 1]
+
+
+@pytest.mark.real_model
+def test_launcher_on_the_real_model_and_benchmarks(tmp_path):
+    """launch/evaluate.py end to end: SmolLM2, two real benchmarks, one prompt each."""
+    import subprocess
+    import sys
+    out = tmp_path / "eval"
+    cmd = [sys.executable, "launch/evaluate.py", "--drafters=rand=random,rand4=random-k2",
+           "--baseline=rand", "--benchmarks=gsm8k,mt-bench", "--temperatures=1.0",
+           "--prompts_per_benchmark=1", "--max_new_tokens=4", f"--out={out}"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
+                          cwd=str(Path(__file__).resolve().parents[1]))
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    table = results["tables"]["tau"]
+    assert {r["drafter"] for r in table["rows"]} == {"rand", "rand4"}
+    assert all(1.0 <= r[c] <= 8.0 for r in table["rows"] for c in table["columns"]
+               if c.startswith(("gsm8k@", "mt-bench@")))
+    assert (out / "tau_vs_temperature.png").exists() and "rand4" in done.stdout

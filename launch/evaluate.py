@@ -1,0 +1,49 @@
+"""Evaluate drafters: tau (empirical + expected), speedup, tables and plots; resumable.
+
+    python launch/evaluate.py --drafters=base=drafters/k1,k4=drafters/k4 --baseline=base \
+        --benchmarks=humaneval,mt-bench,gsm8k,creative-writing --temperatures=0.7,1.0,1.5 \
+        --prompts_per_benchmark=32 --max_new_tokens=256 --out=eval/smollm2
+
+Re-running with the same flags skips finished prompts (rows.jsonl in --out).
+"""
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("model", "smollm2-135m-instruct", "target preset, HF folder or .gguf file")
+flags.DEFINE_list("drafters", None, "NAME=FOLDER or NAME=random-kN entries", required=True)
+flags.DEFINE_string("baseline", None, "drafter NAME the relative gains refer to")
+flags.DEFINE_list("benchmarks", ["humaneval", "mt-bench", "gsm8k", "creative-writing"],
+                  "evaluation sets")
+flags.DEFINE_list("temperatures", ["0.7", "1.0", "1.5"], "target temperatures")
+flags.DEFINE_integer("prompts_per_benchmark", 32, "first N prompts of each set (0 = all)")
+flags.DEFINE_integer("max_new_tokens", 256, "answer length per turn")
+flags.DEFINE_enum("verify_mode", "greedy-branch", ["greedy-branch", "sampled-branch", "mixture"],
+                  "verification mode")
+flags.DEFINE_integer("seed", 0, "sampling seed")
+flags.DEFINE_string("out", "eval_out", "output folder (resumable)")
+flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "parameter dtype")
+
+
+def main(argv):
+    del argv
+    import jax.numpy as jnp
+
+    from dblast_jax.evaluate import run_evaluation, table_markdown
+    from dblast_jax.generation import load_target, named_drafters
+
+    dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[FLAGS.dtype]
+    target = load_target(FLAGS.model, dtype=dtype)
+    drafters = named_drafters(FLAGS.drafters, target, dtype)
+    results = run_evaluation(
+        target, drafters, benchmarks=FLAGS.benchmarks,
+        temperatures=[float(t) for t in FLAGS.temperatures],
+        prompts_per_benchmark=FLAGS.prompts_per_benchmark or None,
+        max_new_tokens=FLAGS.max_new_tokens, out_dir=FLAGS.out, baseline=FLAGS.baseline,
+        seed=FLAGS.seed, verify_mode=FLAGS.verify_mode)
+    print(table_markdown(results["tables"]["tau"]))
+    print(f"results, tables and plots in {FLAGS.out}")
+
+
+if __name__ == "__main__":
+    app.run(main)
