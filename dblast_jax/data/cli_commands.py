@@ -1,4 +1,4 @@
-"""`dblast data fetch | regenerate | stats` (wired into dblast_jax.cli by
+"""`dblast data fetch | regenerate | tfds | stats` (wired into dblast_jax.cli by
 `add_data_subcommands`). The same functions back `launch/make_data.py`."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import time
 from typing import Optional, Sequence
 
 __all__ = ["add_data_subcommands", "cmd_data_fetch", "cmd_data_regenerate", "cmd_data_stats",
+           "cmd_data_tfds",
            "run_regenerate"]
 
 
@@ -101,6 +102,24 @@ def cmd_data_stats(args) -> int:
     return 0
 
 
+def cmd_data_tfds(args) -> int:
+    from dblast_jax.data import sources, tfds_builders
+    if not args.corpus and not args.prompts:
+        print("nothing to build: pass --corpus FOLDER and/or --prompts NAME[,NAME]",
+              file=sys.stderr)
+        return 2
+    if args.corpus:
+        path = tfds_builders.build_corpus_dataset(args.corpus, args.data_dir, args.max_shards)
+        print(f"corpus {args.corpus}: {path} (train with --data {path})")
+    for name in _names(args.prompts) or []:
+        if name not in sources.SOURCES:
+            print(f"unknown prompt set {name!r}; known: {', '.join(sources.SOURCES)}",
+                  file=sys.stderr)
+            return 2
+        print(f"{name}: {tfds_builders.build_prompt_dataset(name, args.data_dir)}")
+    return 0
+
+
 def add_data_subcommands(subparsers) -> argparse.ArgumentParser:
     """Add `data {fetch,regenerate,stats}` to a `dblast` subparsers object."""
     data = subparsers.add_parser("data", help="prompt sets, corpus regeneration, corpus stats")
@@ -132,6 +151,14 @@ def add_data_subcommands(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--system", help="system message for every prompt")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_data_regenerate)
+
+    p = sub.add_parser("tfds", help="TFDS (array_record) copies of a corpus / prompt sets, "
+                       "for tfds.data_source + grain")
+    p.add_argument("--corpus", help="a `dblast data regenerate` folder")
+    p.add_argument("--max-shards", type=int, help="only the corpus's first N shards")
+    p.add_argument("--prompts", help="comma-separated prompt sets (e.g. gsm8k,mt-bench)")
+    p.add_argument("--data-dir", required=True, help="TFDS data_dir")
+    p.set_defaults(func=cmd_data_tfds)
 
     p = sub.add_parser("stats", help="corpus report: sizes, lengths, target entropy")
     p.add_argument("corpus", help="corpus folder")

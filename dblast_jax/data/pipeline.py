@@ -69,14 +69,16 @@ def make_dataset(corpus: os.PathLike | str | Corpus, *, seq_len: int, batch_size
     """The batched MapDataset of one process. `num_epochs=None` repeats forever.
 
     block_size: keep only records with an eligible anchor for blocks of this size.
+    `corpus`: a folder, a `Corpus`, a `CorpusDataSource`, or any random-access source with
+    `usable_indices` and `pipeline_record(i)` (e.g. `tfds_builders.TfdsCorpusSource`).
     """
     if not 0 <= shard_index < shard_count:
         raise ValueError(f"shard_index must lie in [0, shard_count={shard_count}), "
                          f"got {shard_index}")
     if seq_len < 1 or batch_size < 1:
         raise ValueError(f"seq_len and batch_size must be >= 1, got {seq_len}, {batch_size}")
-    if isinstance(corpus, CorpusDataSource):
-        source = corpus
+    if isinstance(corpus, CorpusDataSource) or hasattr(corpus, "pipeline_record"):
+        source = corpus  # a CorpusDataSource, or another source of the same records (TFDS)
     else:
         folder = corpus.folder if isinstance(corpus, Corpus) else corpus
         source = CorpusDataSource(folder, verify_temperature=verify_temperature)
@@ -90,7 +92,8 @@ def make_dataset(corpus: os.PathLike | str | Corpus, *, seq_len: int, batch_size
     ds = ds.repeat(num_epochs)
     if shard_count > 1:
         ds = ds[shard_index::shard_count]
-    ds = ds.map(lambda i: pad_record(source[i], seq_len))
+    read = getattr(source, "pipeline_record", source.__getitem__)
+    ds = ds.map(lambda i: pad_record(read(i), seq_len))
     return ds.batch(batch_size, drop_remainder=drop_remainder)
 
 

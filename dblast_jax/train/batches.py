@@ -242,8 +242,9 @@ class SyntheticMultiModal:
 
 def make_source(data: str, *, vocab_size: int, block_size: int, seq_len: int,
                 verify_temperature: float, seed: int = 0, num_phrases: int = 4,
-                phrase_len: int = 3, logit_scale: float = 3.0):
-    """'synthetic' or a .jsonl path -> a random-access source."""
+                phrase_len: int = 3, logit_scale: float = 3.0, corpus_shards: int = 0):
+    """'synthetic', a .jsonl path, a corpus folder (its first `corpus_shards` shards
+    when > 0) or a prepared TFDS corpus dataset folder -> a random-access source."""
     if data == "synthetic":
         return SyntheticMultiModal(vocab_size, block_size=block_size, seq_len=seq_len,
                                    num_phrases=num_phrases, phrase_len=phrase_len,
@@ -256,9 +257,17 @@ def make_source(data: str, *, vocab_size: int, block_size: int, seq_len: int,
                           verify_temperature=verify_temperature)
     if os.path.isdir(data) and os.path.exists(os.path.join(data, "manifest.json")):
         from dblast_jax.data.corpus import Corpus  # a `dblast data regenerate` folder
-        return Corpus(data, verify_temperature=verify_temperature)
+        return Corpus(data, verify_temperature=verify_temperature,
+                      max_shards=corpus_shards or None)
+    if os.path.isdir(data) and os.path.exists(os.path.join(data, "dataset_info.json")):
+        from dblast_jax.data.tfds_builders import TfdsCorpusSource  # `dblast data tfds`
+        if corpus_shards:
+            raise ValueError("data_shards selects shards of a corpus folder; a TFDS dataset "
+                             "is already a fixed snapshot (build it with --max-shards)")
+        return TfdsCorpusSource(data, verify_temperature=verify_temperature)
     raise ValueError(f"data {data!r}: expected 'synthetic', a .jsonl file of token lists / "
-                     "records, or a corpus folder written by `dblast data regenerate`")
+                     "records, a corpus folder written by `dblast data regenerate`, or its "
+                     "TFDS dataset folder (`dblast data tfds`)")
 
 
 # ---- batch assembly -----------------------------------------------------------------------
