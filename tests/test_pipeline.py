@@ -141,3 +141,17 @@ def test_corpus_is_a_source_for_the_trainers_batcher(folder):
     rec = src[int(b["tokens"][0, 0])]
     np.testing.assert_allclose(b["logp"][0, :b["lengths"][0]],
                                rec["logp"][:b["lengths"][0]], rtol=1e-6)
+
+
+def test_corpus_snapshot_of_the_first_shards(folder):
+    """data_shards pins an experiment to a prefix of a corpus that keeps growing."""
+    from dblast_jax.train.batches import make_source
+    full = corpus_io.Corpus(folder)
+    first = corpus_io.Corpus(folder, max_shards=2)
+    assert len(first) == sum(s["sequences"] for s in full.shards[:2]) < len(full)
+    assert int(first[len(first) - 1]["tokens"][0]) == len(first) - 1
+    src = make_source(str(folder), vocab_size=100, block_size=4, seq_len=16,
+                      verify_temperature=1.0, corpus_shards=2)
+    assert len(src) == len(first)
+    with pytest.raises(ValueError, match="first 9 shards"):
+        corpus_io.Corpus(folder, max_shards=9)

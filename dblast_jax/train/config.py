@@ -28,7 +28,8 @@ class TrainConfig:
 
     name: str = "custom"
     target: str = "tiny-llama"  # preset name, HF folder or .gguf (see load_target)
-    data: str = "synthetic"  # "synthetic" or a .jsonl corpus path
+    data: str = "synthetic"  # "synthetic", a .jsonl path or a regenerated corpus folder
+    data_shards: int = 0  # > 0: only the corpus folder's first N shards (a fixed snapshot)
 
     # ---- drafter shape
     drafter_layers: int = 1
@@ -96,6 +97,8 @@ class TrainConfig:
             problems.append(f"logp_source {self.logp_source!r} is not one of {LOGP_SOURCES}")
         if self.param_dtype not in PARAM_DTYPES:
             problems.append(f"param_dtype {self.param_dtype!r} is not one of {PARAM_DTYPES}")
+        if self.data_shards < 0:
+            problems.append(f"data_shards must be >= 0, got {self.data_shards}")
         for field in ("num_steps", "batch_size", "anchors_per_sequence", "grad_accum_steps",
                       "checkpoint_every", "keep_checkpoints", "log_every", "drafter_layers",
                       "num_categories", "logits_chunk_size"):
@@ -274,9 +277,18 @@ EXPERIMENTS: dict[str, TrainConfig] = {
     "smollm2_dblast_k4_nll": _smollm2(name="smollm2_dblast_k4_nll", loss="nll",
                                       num_categories=4),
     "smollm2_dblast_k4_al": _smollm2(name="smollm2_dblast_k4_al", num_categories=4, **_AL),
+    # ablation over K (K = 1 is smollm2_k1_al, K = 4 is smollm2_dblast_k4_al); Z_T and the
+    # verification mode are evaluation settings of a trained drafter (NAME=DIR@zt=0.5,
+    # NAME=DIR@mode=mixture in `dblast eval`), see experiments/README.md
+    "smollm2_dblast_k2_al": _smollm2(name="smollm2_dblast_k2_al", num_categories=2, **_AL),
+    "smollm2_dblast_k8_al": _smollm2(name="smollm2_dblast_k8_al", num_categories=8, **_AL),
     # Qwen3 scale (users with accelerators)
     "qwen3_dflash_baseline": _qwen3(name="qwen3_dflash_baseline", loss="dflash"),
+    "qwen3_k1_al": _qwen3(name="qwen3_k1_al", num_categories=1, **_AL),
+    "qwen3_dblast_k4_nll": _qwen3(name="qwen3_dblast_k4_nll", loss="nll", num_categories=4),
     "qwen3_dblast_k4_al": _qwen3(name="qwen3_dblast_k4_al", num_categories=4, **_AL),
+    "qwen3_dblast_k2_al": _qwen3(name="qwen3_dblast_k2_al", num_categories=2, **_AL),
+    "qwen3_dblast_k8_al": _qwen3(name="qwen3_dblast_k8_al", num_categories=8, **_AL),
 }
 
 

@@ -442,7 +442,7 @@ def _make_batcher(data: Any, config: TrainConfig, tcfg: TargetConfig, rows: tupl
             data, vocab_size=tcfg.vocab_size, block_size=b, seq_len=t,
             verify_temperature=config.verify_temperature, seed=config.seed,
             num_phrases=config.synthetic_num_phrases, phrase_len=config.synthetic_phrase_len,
-            logit_scale=config.synthetic_logit_scale)
+            logit_scale=config.synthetic_logit_scale, corpus_shards=config.data_shards)
     if hasattr(data, "usable_indices"):
         return batches_lib.Batcher(data, batch_size=config.batch_size, seq_len=t, block_size=b,
                                    seed=config.seed, rows=rows)
