@@ -365,6 +365,11 @@ def _run_unit(target, drafter, items: Sequence[Any], sampling, rng_seed: int,
     return row
 
 
+def _overrides(drafter) -> dict:
+    """SamplingConfig fields a drafter is evaluated with (verify mode / Z_T ablations)."""
+    return dict(getattr(drafter, "sampling_overrides", None) or {})
+
+
 def _read_rows(path: Path) -> list[dict]:
     """Finished rows; a last line cut by an interrupted run is dropped (its unit is redone)."""
     if not path.exists():
@@ -420,6 +425,10 @@ def run_evaluation(target, drafters: Mapping[str, Any], *,
     prompts (MT-Bench) send turn 2 after the model's own first answer, and the row pools
     both turns.
 
+    `verify_mode` is the default verification mode; a drafter carrying
+    `sampling_overrides` (`NAME=DIR@mode=mixture,zt=0.5` specs) is run with those fields
+    changed, so one trained drafter can appear under several settings (ablations).
+
     `prompt_sets` (name -> items) replaces loading `benchmarks` by name; an item is a
     `Prompt`, a message list or a token-id list (ids are the item indices). `warmup`
     runs each jitted call once before timing it (tokens/s then excludes compilation).
@@ -448,15 +457,20 @@ def run_evaluation(target, drafters: Mapping[str, Any], *,
     meta = {"target": getattr(target, "name", "target"), "seed": seed,
             "max_new_tokens": max_new_tokens, "verify_mode": verify_mode,
             "batch_size": batch_size}
+    method_settings = {name: _overrides(d) for name, d in drafters.items()}
     meta_path = out / "run_config.json"
     if meta_path.exists():
         old = json.loads(meta_path.read_text())
         diff = {k: (old.get(k), v) for k, v in meta.items() if old.get(k) != v}
+        old_methods = old.get("method_settings", {})
+        diff.update({f"method {n}": (old_methods[n], v) for n, v in method_settings.items()
+                     if n in old_methods and old_methods[n] != v})
         if diff:
             raise ValueError(f"{out} holds rows from a run with other settings "
                              f"(setting: (old, new)) {diff}; use another out_dir")
-    else:
-        meta_path.write_text(json.dumps(meta, indent=1, sort_keys=True))
+        method_settings = {**old_methods, **method_settings}
+    meta_path.write_text(json.dumps(dict(meta, method_settings=method_settings), indent=1,
+                                    sort_keys=True))
 
     rows_path = out / "rows.jsonl"
     rows = _read_rows(rows_path)
@@ -474,13 +488,15 @@ def run_evaluation(target, drafters: Mapping[str, Any], *,
                 sampling = SamplingConfig(temperature=temp, max_new_tokens=max_new_tokens,
                                           verify_mode=verify_mode)
                 for method, drafter in methods:
+                    method_sampling = sampling.replace(**_overrides(drafter))
                     todo = [(pid, it) for pid, it in items
                             if (bench, temperature_key(temp), method, pid) not in done]
                     for start in range(0, len(todo), batch_size):
                         batch = todo[start:start + batch_size]
                         ids = [pid for pid, _ in batch]
                         bar.set_postfix_str(f"{bench} T={temp} {method}")
-                        unit = _run_unit(target, drafter, [it for _, it in batch], sampling,
+                        unit = _run_unit(target, drafter, [it for _, it in batch],
+                                         method_sampling,
                                          _seed_for(seed, bench, temp, ids), warmup)
                         row = {"benchmark": bench, "temperature": temp, "method": method,
                                "prompt_ids": ids, **unit}
@@ -498,7 +514,8 @@ def run_evaluation(target, drafters: Mapping[str, Any], *,
             and float(r["temperature"]) in temps
             and set(r["prompt_ids"]) <= wanted_ids[r["benchmark"]]]
     cells = aggregate(kept)
-    meta = dict(meta, benchmarks=list(sets), temperatures=temps, drafters=list(drafters))
+    meta = dict(meta, benchmarks=list(sets), temperatures=temps, drafters=list(drafters),
+                method_settings={n: method_settings.get(n, {}) for n in drafters})
     result = write_tables(cells, out, baseline, meta)
     if plots:
         write_plots(cells, out)

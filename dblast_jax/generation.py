@@ -47,13 +47,17 @@ def load_target(path_or_preset: str, dtype=jnp.float32, seed: int = 0) -> Target
     """Load a target by preset name, Hugging Face folder, or GGUF file.
 
     Presets: `smollm2-135m-instruct` (the pinned GGUF; never downloaded silently),
-    `tiny-llama` / `tiny-qwen3` (random weights, no tokenizer; for tests).
+    `tiny-llama` / `tiny-qwen3` (random weights, no tokenizer; for tests), `tiny-smollm2`
+    (random tiny weights with SmolLM2's tokenizer and chat template: text at test speed).
     """
     name = str(path_or_preset)
     if name in TINY_PRESETS:
         config = TINY_PRESETS[name]()
         return Target(config, target_lm.init_params(config, seed, dtype), None, name)
     from dblast_jax.io import presets
+    if name in presets.TINY_TOKENIZER_PRESETS:
+        config, params, tokenizer = presets.load_tiny_with_tokenizer(name, dtype, seed)
+        return Target(config, params, tokenizer, name)
     if name in presets.PRESETS:
         config, params, tokenizer = presets.load_preset(name, dtype=dtype)
         return Target(config, params, tokenizer, name)
@@ -69,7 +73,8 @@ def load_target(path_or_preset: str, dtype=jnp.float32, seed: int = 0) -> Target
         config, params = load_hf(path, dtype=dtype)
         tokenizer = Tokenizer.from_file(path) if (path / "tokenizer.json").exists() else None
         return Target(config, params, tokenizer, path.name)
-    known = sorted(list(TINY_PRESETS) + list(presets.PRESETS))
+    known = sorted(list(TINY_PRESETS) + list(presets.TINY_TOKENIZER_PRESETS)
+                   + list(presets.PRESETS))
     raise FileNotFoundError(
         f"{name!r} is neither a known preset ({', '.join(known)}), a Hugging Face folder "
         "(config.json + *.safetensors) nor a .gguf file")
@@ -129,7 +134,8 @@ def _prepare(target: Target, prompts: Sequence[Prompt], sampling: SamplingConfig
         rng = jax.random.key(rng)
     if not sampling.stop_tokens:
         sampling = sampling.replace(stop_tokens=target.stop_ids)
-    tokens, lengths = pad_prompts(encode_prompts(target, prompts, chat=chat))
+    ids = encode_prompts(target, prompts, chat=chat)
+    tokens, lengths = pad_prompts(ids, multiple=prompt_bucket(max(map(len, ids), default=1)))
     cache_size = cache_size_for(tokens.shape[1], sampling.max_new_tokens, extra=extra_cache)
     limit = target.config.max_position_embeddings
     if cache_size > limit:
@@ -138,13 +144,33 @@ def _prepare(target: Target, prompts: Sequence[Prompt], sampling: SamplingConfig
     return rng, sampling, tokens, lengths, cache_size
 
 
-def _timed(call, warmup: bool):
-    """Run `call` (optionally once before, to exclude compilation); outputs as numpy."""
+def prompt_bucket(width: int) -> int:
+    """Padding multiple for a batch whose longest prompt has `width` tokens: coarse
+    buckets keep the number of compiled shapes small over a benchmark of varied prompt
+    lengths (right padding is free for correctness: rows carry their own lengths)."""
+    return 16 if width <= 64 else 64 if width <= 512 else 256
+
+
+# Signatures (call kind, configs, shapes, dtypes) already run in this process: `warmup`
+# skips the extra run for them, so an evaluation over many prompts compiles each shape
+# once instead of generating every answer twice.
+_RAN_SIGNATURES: set = set()
+
+
+def _signature(*parts: Any) -> tuple:
+    return tuple((tuple(x.shape), str(x.dtype)) if hasattr(x, "shape") else x for x in parts)
+
+
+def _timed(call, warmup: bool, signature: Optional[tuple] = None):
+    """Run `call` (once before as well, to exclude compilation, when `warmup` and the
+    signature has not run yet in this process); outputs as numpy."""
     compile_s = 0.0
-    if warmup:
+    if warmup and (signature is None or signature not in _RAN_SIGNATURES):
         t0 = time.perf_counter()
         jax.block_until_ready(call())
         compile_s = time.perf_counter() - t0
+    if signature is not None:
+        _RAN_SIGNATURES.add(signature)
     t0 = time.perf_counter()
     outputs = jax.block_until_ready(call())
     seconds = time.perf_counter() - t0
@@ -159,13 +185,16 @@ def generate(target: Target, prompts: Sequence[Prompt], sampling: SamplingConfig
              rng: jax.Array | int = 0, chat: bool = True, warmup: bool = False) -> GenerationResult:
     """Plain sampling from the target. `timing` separates compile from generation.
 
-    With `warmup=True` the jitted call is run once first, so `timing['seconds']` measures
-    generation alone (what benchmarks want).
+    With `warmup=True` the jitted call is run once first (unless a call of the same
+    shapes already ran in this process), so `timing['seconds']` measures generation alone
+    (what benchmarks want).
     """
     rng, sampling, tokens, lengths, cache_size = _prepare(target, prompts, sampling, rng, chat)
     (out, counts), timing = _timed(
         lambda: generate_tokens(target.params, tokens, lengths, rng, config=target.config,
-                                sampling=sampling, cache_size=cache_size), warmup)
+                                sampling=sampling, cache_size=cache_size), warmup,
+        _signature("plain", target.config, sampling, cache_size, tokens,
+                   jax.tree.leaves(target.params)[0]))
     toks = _trim(out, counts)
     return GenerationResult(toks, decode_outputs(target, toks), timing)
 
@@ -177,6 +206,8 @@ class Drafter:
     config: Any  # DrafterConfig
     params: Any
     name: str = "drafter"
+    # SamplingConfig fields this drafter is evaluated with (e.g. verify_mode, Z_T)
+    sampling_overrides: dict = dataclasses.field(default_factory=dict)
 
 
 def init_drafter(target: Target, drafter_config, rng: jax.Array | int = 0,
@@ -209,16 +240,52 @@ def drafter_from_spec(spec: str, target: Target, dtype=jnp.float32) -> Drafter:
     return load_drafter(spec, target, dtype)
 
 
+# sampling settings a drafter spec may fix for itself (evaluation ablations): the key
+# after '@' in NAME=FOLDER@key=value,... and the SamplingConfig field it sets
+SPEC_SAMPLING_KEYS = {"verify_mode": "verify_mode", "mode": "verify_mode",
+                      "category_temperature": "category_temperature",
+                      "zt": "category_temperature", "z_t": "category_temperature",
+                      "draft_temperature": "draft_temperature"}
+
+
+def parse_drafter_spec(spec: str) -> tuple[str, str, dict]:
+    """'NAME=FOLDER[@key=value,...]' -> (name, folder, SamplingConfig overrides).
+
+    The overrides let one trained drafter appear several times in an evaluation with its
+    own verification mode or category temperature Z_T (`k4_mix=DIR@mode=mixture`,
+    `k4_zt05=DIR@zt=0.5`)."""
+    name, _, rest = spec.partition("=")
+    path, _, settings = rest.partition("@")
+    if not name or not path:
+        raise ValueError(f"drafter {spec!r}: expected NAME=FOLDER[@key=value,...] "
+                         "(or NAME=random-kN)")
+    overrides: dict = {}
+    for item in filter(None, (x.strip() for x in settings.split(","))):
+        key, eq, value = item.partition("=")
+        field = SPEC_SAMPLING_KEYS.get(key.strip())
+        if not eq or field is None:
+            raise ValueError(f"drafter {spec!r}: setting {item!r} must be key=value with key "
+                             f"in {sorted(SPEC_SAMPLING_KEYS)}")
+        overrides[field] = value.strip() if field == "verify_mode" else float(value)
+    if overrides:
+        SamplingConfig(**overrides)  # validates mode names and temperature ranges now
+    return name, path, overrides
+
+
 def named_drafters(specs: Sequence[str], target: Target, dtype=jnp.float32) -> dict:
-    """["NAME=FOLDER" | "NAME=random-kN", ...] -> {name: Drafter} (evaluation inputs)."""
-    drafters = {}
+    """["NAME=FOLDER[@key=value,...]" | "NAME=random-kN", ...] -> {name: Drafter}
+    (evaluation inputs). A folder named twice is loaded once; each name keeps its own
+    sampling overrides in `Drafter.sampling_overrides`."""
+    drafters: dict = {}
+    loaded: dict = {}
     for spec in specs:
-        name, _, path = spec.partition("=")
-        if not name or not path:
-            raise ValueError(f"drafter {spec!r}: expected NAME=FOLDER (or NAME=random-kN)")
+        name, path, overrides = parse_drafter_spec(spec)
         if name in drafters:
             raise ValueError(f"drafter name {name!r} given twice")
-        drafters[name] = drafter_from_spec(path, target, dtype)
+        if path not in loaded:
+            loaded[path] = drafter_from_spec(path, target, dtype)
+        drafters[name] = dataclasses.replace(loaded[path], name=name,
+                                             sampling_overrides=overrides)
     return drafters
 
 
@@ -273,7 +340,9 @@ def speculative_generate(target: Target, drafter: Drafter, prompts: Sequence[Pro
     (out, counts, accepted, expected), timing = _timed(
         lambda: speculative_generate_tokens(
             target.params, drafter.params, tokens, lengths, rng, target_config=target.config,
-            drafter_config=drafter.config, sampling=sampling, cache_size=cache_size), warmup)
+            drafter_config=drafter.config, sampling=sampling, cache_size=cache_size), warmup,
+        _signature("speculative", target.config, drafter.config, sampling, cache_size, tokens,
+                   jax.tree.leaves(target.params)[0], jax.tree.leaves(drafter.params)[0]))
     toks = _trim(out, counts)
     stats = acceptance_stats(accepted, expected, drafter.config.block_size)
     return GenerationResult(toks, decode_outputs(target, toks), timing, stats)

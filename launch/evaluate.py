@@ -11,7 +11,9 @@ from absl import app, flags
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", "smollm2-135m-instruct", "target preset, HF folder or .gguf file")
-flags.DEFINE_list("drafters", None, "NAME=FOLDER or NAME=random-kN entries", required=True)
+flags.DEFINE_multi_string("drafter", None, "NAME=FOLDER[@mode=mixture,zt=0.5] or NAME=random-kN "
+                          "(repeatable; '@' settings: this name's verify mode / category "
+                          "temperature Z_T)", required=True)
 flags.DEFINE_string("baseline", None, "drafter NAME the relative gains refer to")
 flags.DEFINE_list("benchmarks", ["humaneval", "mt-bench", "gsm8k", "creative-writing"],
                   "evaluation sets")
@@ -20,6 +22,7 @@ flags.DEFINE_integer("prompts_per_benchmark", 32, "first N prompts of each set (
 flags.DEFINE_integer("max_new_tokens", 256, "answer length per turn")
 flags.DEFINE_enum("verify_mode", "greedy-branch", ["greedy-branch", "sampled-branch", "mixture"],
                   "verification mode")
+flags.DEFINE_integer("batch_size", 1, "prompts per generate call (one result row per batch)")
 flags.DEFINE_integer("seed", 0, "sampling seed")
 flags.DEFINE_string("out", "eval_out", "output folder (resumable)")
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "parameter dtype")
@@ -34,13 +37,13 @@ def main(argv):
 
     dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[FLAGS.dtype]
     target = load_target(FLAGS.model, dtype=dtype)
-    drafters = named_drafters(FLAGS.drafters, target, dtype)
+    drafters = named_drafters(FLAGS.drafter, target, dtype)
     results = run_evaluation(
         target, drafters, benchmarks=FLAGS.benchmarks,
         temperatures=[float(t) for t in FLAGS.temperatures],
         prompts_per_benchmark=FLAGS.prompts_per_benchmark or None,
         max_new_tokens=FLAGS.max_new_tokens, out_dir=FLAGS.out, baseline=FLAGS.baseline,
-        seed=FLAGS.seed, verify_mode=FLAGS.verify_mode)
+        seed=FLAGS.seed, verify_mode=FLAGS.verify_mode, batch_size=FLAGS.batch_size)
     print(table_markdown(results["tables"]["tau"]))
     print(f"results, tables and plots in {FLAGS.out}")
 

@@ -209,8 +209,8 @@ def test_launcher_on_the_real_model_and_benchmarks(tmp_path):
     import subprocess
     import sys
     out = tmp_path / "eval"
-    cmd = [sys.executable, "launch/evaluate.py", "--drafters=rand=random,rand4=random-k2",
-           "--baseline=rand", "--benchmarks=gsm8k,mt-bench", "--temperatures=1.0",
+    cmd = [sys.executable, "launch/evaluate.py", "--drafter=rand=random",
+           "--drafter=rand4=random-k2", "--baseline=rand", "--benchmarks=gsm8k,mt-bench", "--temperatures=1.0",
            "--prompts_per_benchmark=1", "--max_new_tokens=4", f"--out={out}"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
                           cwd=str(Path(__file__).resolve().parents[1]))
@@ -221,3 +221,55 @@ def test_launcher_on_the_real_model_and_benchmarks(tmp_path):
     assert all(1.0 <= r[c] <= 8.0 for r in table["rows"] for c in table["columns"]
                if c.startswith(("gsm8k@", "mt-bench@")))
     assert (out / "tau_vs_temperature.png").exists() and "rand4" in done.stdout
+
+
+def test_drafter_spec_settings_parse_and_refuse_bad_input():
+    from dblast_jax.generation import parse_drafter_spec
+    assert parse_drafter_spec("k4=runs/k4") == ("k4", "runs/k4", {})
+    assert parse_drafter_spec("k4_mix=runs/k4@mode=mixture,zt=0.5") == (
+        "k4_mix", "runs/k4", {"verify_mode": "mixture", "category_temperature": 0.5})
+    assert parse_drafter_spec("d=x@draft_temperature=0.8")[2] == {"draft_temperature": 0.8}
+    for bad, match in (("nameless", "NAME=FOLDER"), ("k=dir@speed=2", "setting"),
+                       ("k=dir@mode=sideways", "verify_mode"), ("k=dir@zt=0", "> 0"),
+                       ("k=dir@zt", "setting")):
+        with pytest.raises(ValueError, match=match):
+            parse_drafter_spec(bad)
+
+
+def test_evaluation_variants_share_a_drafter_and_use_their_own_settings(tmp_path, monkeypatch):
+    """One trained drafter under two names: greedy-branch and mixture verification (the
+    verify-mode ablation) and a category temperature (the Z_T ablation)."""
+    import dblast_jax.generation as gen
+    from dblast_jax.config import DrafterConfig
+    from dblast_jax.io.dflash import export_drafter
+
+    target = gen.load_target("tiny-qwen3")
+    drafter = gen.init_drafter(target, DrafterConfig.for_target(
+        target.config, block_size=4, num_categories=2), 3)
+    folder = export_drafter(drafter.params, drafter.config, tmp_path / "k2")
+    specs = [f"k2={folder}", f"k2_mix={folder}@mode=mixture", f"k2_zt={folder}@zt=0.5"]
+    drafters = gen.named_drafters(specs, target)
+    assert drafters["k2"].params is drafters["k2_mix"].params  # loaded once
+    assert drafters["k2_mix"].sampling_overrides == {"verify_mode": "mixture"}
+    seen = {}
+    real_spec = gen.speculative_generate
+
+    def recording_spec(target, drafter, prompts, sampling, rng, warmup=False):
+        seen.setdefault(drafter.name, set()).add((sampling.verify_mode,
+                                                  sampling.category_temperature))
+        return real_spec(target, drafter, prompts, sampling, rng, warmup=warmup)
+
+    monkeypatch.setattr(gen, "speculative_generate", recording_spec)
+    kwargs = dict(prompt_sets={"toy": [[3, 14, 15, 92, 65]]}, temperatures=(1.5,),
+                  max_new_tokens=6, out_dir=tmp_path / "eval", baseline="k2", progress=False,
+                  warmup=False, plots=False)
+    result = ev.run_evaluation(target, drafters, **kwargs)
+    assert seen == {"k2": {("greedy-branch", 1.0)}, "k2_mix": {("mixture", 1.0)},
+                    "k2_zt": {("greedy-branch", 0.5)}}
+    assert result["meta"]["method_settings"]["k2_zt"] == {"category_temperature": 0.5}
+    assert {r["drafter"] for r in result["tables"]["tau"]["rows"]} == {"k2", "k2_mix", "k2_zt"}
+    # the same name with other settings would mix incomparable rows: refused
+    changed = gen.named_drafters([f"k2={folder}", f"k2_mix={folder}@mode=sampled-branch"],
+                                 target)
+    with pytest.raises(ValueError, match="method k2_mix"):
+        ev.run_evaluation(target, changed, **kwargs)

@@ -93,3 +93,20 @@ def test_cli_train_resume_and_export_round_trip(tmp_path, capsys):
 def test_cli_eval_needs_named_drafters(capsys):
     assert cli.main(["eval", "--model", "tiny-llama", "--drafter", "nameless"]) == 1
     assert "NAME=FOLDER" in capsys.readouterr().err
+
+
+def test_warmup_runs_once_per_compiled_shape():
+    """An evaluation over many prompts compiles each padded shape once: warmup (an extra
+    untimed run) happens only the first time a signature is seen."""
+    import dblast_jax.generation as gen
+    target = gen.load_target("tiny-llama", seed=5)
+    # settings no other test uses, so no earlier test compiled this signature
+    sampling = dj.SamplingConfig(temperature=0.9, top_k=13, max_new_tokens=4)
+    first = gen.generate(target, [[5, 6, 7]], sampling, rng=1, warmup=True)
+    # another prompt in the same length bucket: same shapes, no second warmup
+    second = gen.generate(target, [[9, 8, 7, 6]], sampling, rng=2, warmup=True)
+    other = gen.generate(target, [list(range(1, 40))], sampling, rng=3, warmup=True)
+    assert first.timing["warmup_seconds"] > 0
+    assert second.timing["warmup_seconds"] == 0.0
+    assert other.timing["warmup_seconds"] > 0  # a new bucket compiles (and warms) again
+    assert [gen.prompt_bucket(n) for n in (1, 64, 65, 512, 513)] == [16, 16, 64, 64, 256]
