@@ -27,6 +27,10 @@ TEST = TORCH + [
     "pytest==9.0.3",
     "transformers==5.24.0",
     "sentencepiece==0.2.3",
+    # the Colab notebook is executed by the test suite (tests/test_notebook.py)
+    "nbclient==0.11.0",
+    "nbformat==5.11.1",
+    "ipykernel==7.4.0",
 ]
 
 setup(

@@ -9,8 +9,10 @@ from dblast_jax.config import DrafterConfig, RopeScaling, SamplingConfig, Target
 from dblast_jax.generation import (Drafter, GenerationResult, Target, export_drafter, generate,
                                    init_drafter, load_drafter, load_target,
                                    speculative_generate)
+from dblast_jax.demo import DemoConfig, run_demo
 
 __all__ = [
+    "DemoConfig",
     "Drafter",
     "DrafterConfig",
     "export_drafter",
@@ -24,6 +26,7 @@ __all__ = [
     "TargetConfig",
     "generate",
     "load_target",
+    "run_demo",
 ]
 
 __version__ = "0.1.0"

@@ -6,6 +6,7 @@
     dblast data fetch | regenerate | stats    # benchmarks, training corpora, corpus report
     dblast train --experiment NAME --workdir DIR; dblast export DIR --out FOLDER
     dblast eval --drafter base=DIR --drafter k4=DIR --baseline base
+    dblast demo                               # the whole pipeline, ~15 min on a laptop CPU
 """
 
 from __future__ import annotations
@@ -127,9 +128,17 @@ def _cmd_eval(args) -> int:
     results = run_evaluation(
         target, drafters, benchmarks=args.benchmarks, temperatures=args.temperatures,
         prompts_per_benchmark=args.prompts_per_benchmark, max_new_tokens=args.max_new_tokens,
-        out_dir=args.out, baseline=args.baseline, seed=args.seed, verify_mode=args.verify_mode)
+        out_dir=args.out, baseline=args.baseline, seed=args.seed, verify_mode=args.verify_mode,
+        batch_size=args.batch_size)
     print(table_markdown(results["tables"]["tau"]))
     print(f"results, tables and plots in {args.out}")
+    return 0
+
+
+def _cmd_demo(args) -> int:
+    from dblast_jax.demo import DemoConfig, parse_demo_overrides, run_demo
+    base = DemoConfig.tiny() if args.tiny else DemoConfig()
+    run_demo(parse_demo_overrides(args.set, base), args.workdir, progress=not args.no_progress)
     return 0
 
 
@@ -180,7 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="tau / speedup across benchmarks and temperatures")
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--drafter", action="append", required=True,
-                   help="NAME=FOLDER (repeatable; NAME=random-kN for an untrained one)")
+                   help="NAME=FOLDER[@mode=mixture,zt=0.5] (repeatable; NAME=random-kN for "
+                   "an untrained one; '@' settings override --verify-mode / Z_T per name)")
     p.add_argument("--baseline", help="drafter NAME the gains are relative to")
     p.add_argument("--benchmarks", nargs="+",
                    default=["humaneval", "mt-bench", "gsm8k", "creative-writing"])
@@ -189,9 +199,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--verify-mode", default="greedy-branch",
                    choices=("greedy-branch", "sampled-branch", "mixture"))
+    p.add_argument("--batch-size", type=int, default=1,
+                   help="prompts per generate call (one result row per batch)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="eval_out", help="resumable output folder")
     p.set_defaults(func=_cmd_eval)
+
+    p = sub.add_parser("demo", help="the whole pipeline on an embedded default (~15 min "
+                       "on a laptop CPU): corpus, K=1 and K=4 drafters, evaluation, plots")
+    p.add_argument("--workdir", default="dblast_demo", help="resumable output folder")
+    p.add_argument("--tiny", action="store_true",
+                   help="a tiny random model with SmolLM2's tokenizer (about a minute)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="change a DemoConfig field (train_steps=80, eval_prompts=4, "
+                   "temperatures=0.7,1.5, extra_drafters=NAME=DIR, ...)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_cmd_demo)
 
     from dblast_jax.data.cli_commands import add_data_subcommands
     add_data_subcommands(sub)

@@ -57,6 +57,29 @@ def load_preset(name: str, dtype=jnp.float32):
     return config, params, tokenizer
 
 
+def load_tiny_with_tokenizer(name: str, dtype=jnp.float32, seed: int = 0):
+    """(TargetConfig, params, Tokenizer): a tiny random Llama with SmolLM2's vocabulary,
+    tokenizer and chat template (read from the pinned GGUF's metadata, no weights loaded).
+    Text in, text out at test speed: the end-to-end tests and the CI-run notebook use it
+    where the real model would cost minutes."""
+    from dblast_jax.config import TargetConfig
+    from dblast_jax.io.gguf import read_metadata
+    from dblast_jax.io.tokenizer import Tokenizer
+    from dblast_jax.models import target as target_lm
+
+    if name != "tiny-smollm2":
+        raise KeyError(f"unknown tiny tokenizer preset {name!r}")
+    tokenizer = Tokenizer.from_gguf_metadata(read_metadata(resolve_preset("smollm2-135m-instruct")))
+    real = TargetConfig.smollm2_135m()
+    config = TargetConfig.tiny_llama(vocab_size=real.vocab_size, bos_token_id=real.bos_token_id,
+                                     eos_token_ids=real.eos_token_ids,
+                                     max_position_embeddings=4096, name=name)
+    return config, target_lm.init_params(config, seed, dtype), tokenizer
+
+
+TINY_TOKENIZER_PRESETS = ("tiny-smollm2",)
+
+
 def load_qwen3_tokenizer():
     """Qwen3's official tokenizer and chat template (verified; never downloads)."""
     from dblast_jax.io.tokenizer import Tokenizer

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The SmolLM2-135M-Instruct reproduction: does the dependent drafter (K = 4, NLL + AL) beat
+# the independent one (K = 1 DFlash) at high temperature, and by how much?
+#
+#   bash experiments/smollm2/reproduce.sh            # every stage resumes: rerun after a kill
+#   STEPS=400 PROMPTS=8 bash experiments/smollm2/reproduce.sh   # a bigger budget
+#
+# Stages: (1) the corpus (the target's own answers to the deduplicated training prompts,
+# committed under corpora/ and grown across sessions), (2) the four main drafters on a
+# fixed snapshot of it (data_shards), (3) evaluation on the four benchmarks at
+# T = 0.7 / 1.0 / 1.5 against plain decoding, with the K = 4 AL drafter also under
+# `mixture` verification. Results land in $RUNS/eval (results.md / .json / .csv, PNGs);
+# RESULTS.md quotes them with these commands.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+CORPUS=${CORPUS:-corpora/smollm2_t1}
+RUNS=${RUNS:-runs/smollm2}
+SHARDS=${SHARDS:-36}          # training snapshot: the corpus's first N shards (32 prompts each)
+STEPS=${STEPS:-150}           # optimizer steps per drafter
+PROMPTS=${PROMPTS:-4}         # evaluation prompts per benchmark
+NEW_TOKENS=${NEW_TOKENS:-128} # evaluation answer length per turn
+EXPERIMENTS=${EXPERIMENTS:-"smollm2_dflash_baseline smollm2_k1_al smollm2_dblast_k4_nll smollm2_dblast_k4_al"}
+
+# (1) corpus: all training prompts of <= 512 tokens, answered at T = 1.0 (<= 256 tokens),
+# target log-probs stored at the three evaluation temperatures (the AL loss reads T_v = 1.0)
+missing=$(python - "$CORPUS" "$SHARDS" <<'EOF'
+import json, os, sys
+folder, want = sys.argv[1], int(sys.argv[2])
+path = os.path.join(folder, "manifest.json")
+have = {s["index"] for s in json.load(open(path))["shards"]} if os.path.exists(path) else set()
+print(len(set(range(want)) - have))
+EOF
+)
+if (( missing > 0 )); then
+    dblast data regenerate --out "$CORPUS" --gen-temperatures 1.0 \
+        --verify-temperatures 0.7,1.0,1.5 --max-new-tokens 256 --max-prompt-tokens 512 \
+        --batch-size 16 --shard-size 32 --seed 0 --max-shards "$missing"
+fi
+
+# (2) the four drafters: same sizes, same data snapshot, same seed
+COMMON=(num_steps=$STEPS batch_size=8 seq_len=384 anchors_per_sequence=16 learning_rate=1e-3
+        data_shards=$SHARDS checkpoint_every=25 keep_checkpoints=2)
+for exp in $EXPERIMENTS; do
+    overrides=()
+    for kv in "${COMMON[@]}"; do overrides+=(--override "$kv"); done
+    dblast train --experiment "$exp" --workdir "$RUNS/$exp" --data "$CORPUS" "${overrides[@]}"
+done
+
+# (3) evaluation: plain decoding + each drafter on the same prompts and seeds
+drafters=()
+for exp in $EXPERIMENTS; do drafters+=(--drafter "${exp#smollm2_}=$RUNS/$exp/export"); done
+if [[ " $EXPERIMENTS " == *" smollm2_dblast_k4_al "* ]]; then
+    drafters+=(--drafter "dblast_k4_al_mixture=$RUNS/smollm2_dblast_k4_al/export@mode=mixture")
+fi
+dblast eval "${drafters[@]}" --baseline dflash_baseline --prompts-per-benchmark "$PROMPTS" \
+    --max-new-tokens "$NEW_TOKENS" --batch-size 4 --out "$RUNS/eval"
