@@ -13,8 +13,9 @@ STEPS=${STEPS:-150}
 PROMPTS=${PROMPTS:-4}
 NEW_TOKENS=${NEW_TOKENS:-128}
 
-COMMON=(num_steps=$STEPS batch_size=8 seq_len=384 anchors_per_sequence=16 learning_rate=1e-3
-        data_shards=$SHARDS checkpoint_every=25 keep_checkpoints=2)
+COMMON=(num_steps=$STEPS batch_size=8 seq_len=${SEQ_LEN:-256} anchors_per_sequence=${ANCHORS:-16}
+        learning_rate=${LR:-1e-3} drafter_layers=${LAYERS:-1} data_shards=$SHARDS
+        checkpoint_every=25 keep_checkpoints=2)
 overrides=()
 for kv in "${COMMON[@]}"; do overrides+=(--override "$kv"); done
 for exp in smollm2_k1_al smollm2_dblast_k2_al smollm2_dblast_k4_al smollm2_dblast_k8_al; do

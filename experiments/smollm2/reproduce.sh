@@ -18,6 +18,10 @@ CORPUS=${CORPUS:-corpora/smollm2_t1}
 RUNS=${RUNS:-runs/smollm2}
 SHARDS=${SHARDS:-36}          # training snapshot: the corpus's first N shards (32 prompts each)
 STEPS=${STEPS:-150}           # optimizer steps per drafter
+LAYERS=${LAYERS:-1}           # drafter layers
+SEQ_LEN=${SEQ_LEN:-256}       # training window (prompt + start of the answer)
+ANCHORS=${ANCHORS:-16}        # blocks per sequence per step
+LR=${LR:-1e-3}
 PROMPTS=${PROMPTS:-4}         # evaluation prompts per benchmark
 NEW_TOKENS=${NEW_TOKENS:-128} # evaluation answer length per turn
 EXPERIMENTS=${EXPERIMENTS:-"smollm2_dflash_baseline smollm2_k1_al smollm2_dblast_k4_nll smollm2_dblast_k4_al"}
@@ -39,8 +43,9 @@ if (( missing > 0 )); then
 fi
 
 # (2) the four drafters: same sizes, same data snapshot, same seed
-COMMON=(num_steps=$STEPS batch_size=8 seq_len=384 anchors_per_sequence=16 learning_rate=1e-3
-        data_shards=$SHARDS checkpoint_every=25 keep_checkpoints=2)
+COMMON=(num_steps=$STEPS batch_size=8 seq_len=$SEQ_LEN anchors_per_sequence=$ANCHORS
+        learning_rate=$LR drafter_layers=$LAYERS data_shards=$SHARDS checkpoint_every=25
+        keep_checkpoints=2)
 for exp in $EXPERIMENTS; do
     overrides=()
     for kv in "${COMMON[@]}"; do overrides+=(--override "$kv"); done
