@@ -1,0 +1,85 @@
+"""Training curves of one or more runs (their `metrics.jsonl`) in one PNG.
+
+    python -m dblast_jax.train.curves runs/a runs/b --out curves.png
+
+Loss, top-1 agreement with the data and the AL estimate (expected accepted drafts under
+`sampled-branch` verification at T_v) against the step, one line per run, smoothed
+with a trailing mean so that short noisy runs can be compared by eye.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+PANELS = (("loss", "loss"), ("top1_mean", "top-1 agreement"),
+          ("al_estimate", "AL estimate (accepted drafts)"))
+
+
+def read_metrics(workdir: str | Path) -> list[dict]:
+    """The rows of `workdir/metrics.jsonl` (a cut last line is ignored)."""
+    path = Path(workdir) / "metrics.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: is {workdir} a training workdir?")
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def smooth(values: Sequence[float], window: int) -> np.ndarray:
+    """Trailing mean over up to `window` values (the first points average fewer)."""
+    v = np.asarray(values, np.float64)
+    if window <= 1 or v.size == 0:
+        return v
+    c = np.cumsum(np.insert(v, 0, 0.0))
+    idx = np.arange(1, v.size + 1)
+    lo = np.maximum(idx - window, 0)
+    return (c[idx] - c[lo]) / (idx - lo)
+
+
+def plot_curves(workdirs: Sequence[str | Path], out: str | Path, window: int = 20,
+                labels: Optional[Sequence[str]] = None) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = list(labels) if labels else [Path(w).name for w in workdirs]
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 3.6))
+    for workdir, label in zip(workdirs, labels):
+        rows = read_metrics(workdir)
+        for ax, (key, title) in zip(axes, PANELS):
+            pts = [(r["step"], r[key]) for r in rows if key in r]
+            if pts:
+                steps, vals = zip(*pts)
+                ax.plot(steps, smooth(vals, window), label=label)
+            ax.set_title(title)
+            ax.set_xlabel("step")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("workdirs", nargs="+")
+    p.add_argument("--out", required=True)
+    p.add_argument("--window", type=int, default=20, help="trailing-mean window (steps)")
+    args = p.parse_args(argv)
+    print(plot_curves(args.workdirs, args.out, args.window))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,28 @@
+"""Training-curve plots read metrics.jsonl of real runs."""
+
+import json
+
+import numpy as np
+import pytest
+
+from dblast_jax.train import curves
+
+
+def test_smooth_is_a_trailing_mean():
+    np.testing.assert_allclose(curves.smooth([1, 3, 5, 7], 2), [1, 2, 4, 6])
+    np.testing.assert_allclose(curves.smooth([1, 3], 1), [1, 3])
+
+
+def test_plot_curves_from_workdirs(tmp_path):
+    for name, slope in (("a", 1.0), ("b", 2.0)):
+        d = tmp_path / name
+        d.mkdir()
+        rows = [{"step": s, "loss": 10 - slope * s / 10, "top1_mean": s / 100,
+                 "al_estimate": s / 50} for s in range(1, 31)]
+        (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n{cut")
+    assert len(curves.read_metrics(tmp_path / "a")) == 30  # the cut last line is skipped
+    out = curves.main([str(tmp_path / "a"), str(tmp_path / "b"), "--out",
+                       str(tmp_path / "c.png")])
+    assert out == 0 and (tmp_path / "c.png").stat().st_size > 1000
+    with pytest.raises(FileNotFoundError, match="training workdir"):
+        curves.read_metrics(tmp_path)
