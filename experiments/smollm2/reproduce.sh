@@ -60,3 +60,8 @@ if [[ " $EXPERIMENTS " == *" smollm2_dblast_k4_al "* ]]; then
 fi
 dblast eval "${drafters[@]}" --baseline dflash_baseline --prompts-per-benchmark "$PROMPTS" \
     --max-new-tokens "$NEW_TOKENS" --batch-size 4 --out "$RUNS/eval"
+
+# training curves of the drafters (loss, top-1 agreement, AL estimate vs step)
+workdirs=()
+for exp in $EXPERIMENTS; do workdirs+=("$RUNS/$exp"); done
+python -m dblast_jax.train.curves "${workdirs[@]}" --out "$RUNS/eval/training_curves.png"
