@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-PANELS = (("loss", "loss"), ("top1_mean", "top-1 agreement"),
+PANELS = (("loss", "objective (scale differs by loss type)"), ("top1_mean", "top-1 agreement"),
           ("al_estimate", "AL estimate (accepted drafts)"))
 
 
