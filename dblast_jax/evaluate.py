@@ -64,6 +64,20 @@ def _add_hist(a: Sequence[int], b: Sequence[int]) -> list[int]:
     return [int((a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0)) for i in range(n)]
 
 
+def histogram_standard_error(histogram: Sequence[int]) -> Optional[float]:
+    """Standard error of tau from the accepted-count histogram (steps treated as
+    independent draws: a lower bound when steps within an answer are correlated). Two
+    drafters whose tau differ by less than ~2 combined SEs are not told apart."""
+    h = np.asarray(histogram, np.float64)
+    n = h.sum()
+    if n < 2:
+        return None
+    k = np.arange(h.size)
+    mean = (h * k).sum() / n
+    var = (h * (k - mean) ** 2).sum() / (n - 1)
+    return float(np.sqrt(var / n))
+
+
 def pool_rows(rows: Iterable[Mapping[str, Any]]) -> dict:
     """Pool rows of one cell: step-weighted tau / expected tau, summed histogram and timing.
 
@@ -91,6 +105,7 @@ def pool_rows(rows: Iterable[Mapping[str, Any]]) -> dict:
         "steps": steps,
         "tau": tau_sum / steps if steps else None,
         "tau_expected": exp_sum / steps if steps else None,
+        "tau_se": histogram_standard_error(hist),
         "histogram": hist,
         "per_position_acceptance": per_position_from_histogram(hist) if hist else [],
         "new_tokens": new_tokens,
@@ -155,8 +170,16 @@ def build_table(cells: Sequence[Mapping[str, Any]], baseline: Optional[str] = No
     if baseline is not None:
         columns += [f"gain@T{temperature_key(t)}" for t in temps]
 
+    if metric == "tau_se":  # the SE of a macro average combines in quadrature, no gains
+        baseline = None
+        columns = [c for c in columns if not c.startswith("gain@")]
+
     def macro(d, t):
-        return macro_average([lookup.get((d, b, t)) for b in benchmarks])
+        values = [lookup.get((d, b, t)) for b in benchmarks]
+        if metric == "tau_se":
+            return (None if any(v is None for v in values) or not values
+                    else math.sqrt(sum(v * v for v in values)) / len(values))
+        return macro_average(values)
 
     rows = []
     for d in drafters:
@@ -203,16 +226,19 @@ def table_csv(table: Mapping[str, Any]) -> str:
 
 def write_tables(cells: Sequence[Mapping[str, Any]], out_dir: str | Path,
                  baseline: Optional[str] = None, meta: Optional[Mapping[str, Any]] = None) -> dict:
-    """results.json (cells + tau / expected-tau / speedup tables), results.csv (tau table),
-    results.md (the three tables as markdown). Returns the JSON object."""
+    """results.json (cells + tau / tau SE / expected-tau / speedup tables), results.csv
+    (tau table), results.md (the tables as markdown). Returns the JSON object."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tables = {m: build_table(cells, baseline, m) for m in ("tau", "tau_expected", "speedup")}
+    tables = {m: build_table(cells, baseline, m)
+              for m in ("tau", "tau_se", "tau_expected", "speedup")}
     result = {"meta": dict(meta or {}), "baseline": baseline, "cells": list(cells),
               "tables": tables}
     (out / "results.json").write_text(json.dumps(result, indent=1, sort_keys=True))
     (out / "results.csv").write_text(table_csv(tables["tau"]))
     titles = {"tau": "Acceptance length tau (accepted + 1 per step, step-weighted)",
+              "tau_se": "Standard error of tau (from the accepted-count histograms; macro: "
+                        "combined in quadrature)",
               "tau_expected": "Expected tau (exact expectation of the same drafts)",
               "speedup": "Speedup vs plain decoding (tokens/s ratio)"}
     md = []

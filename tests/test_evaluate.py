@@ -41,6 +41,10 @@ def test_pool_rows_weights_prompts_by_steps():
     assert cell["per_position_acceptance"] == pytest.approx([5 / 6, 3 / 5, 2 / 3])
     assert cell["steps"] == 6 and cell["prompts"] == 2
     assert cell["tokens_per_s"] == pytest.approx(16 / 4.0)
+    accepted = np.array([0, 1, 3, 3, 1, 2])  # the six steps of a and b
+    assert cell["tau_se"] == pytest.approx(accepted.std(ddof=1) / np.sqrt(6))
+    assert ev.histogram_standard_error([5]) == pytest.approx(0.0)
+    assert ev.histogram_standard_error([1]) is None
 
 
 def test_aggregate_speedup_against_plain_of_same_cell():
