@@ -140,8 +140,16 @@ def run_demo(config: DemoConfig = DemoConfig(), workdir: str | Path = "dblast_de
         raise ValueError(f"baseline {config.baseline!r} is not one of the trained drafters "
                          f"{names}")
     work = Path(workdir)
+    record = work / "demo_config.json"
+    settings = json.loads(json.dumps(dataclasses.asdict(config)))  # tuples -> lists
+    if record.exists():  # resume only the same demo: refuse before touching anything
+        old = json.loads(record.read_text())
+        diff = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
+        if diff:
+            raise ValueError(f"{work} holds a demo with other settings (setting: (old, new)) "
+                             f"{diff}; use another --workdir")
     work.mkdir(parents=True, exist_ok=True)
-    (work / "demo_config.json").write_text(json.dumps(dataclasses.asdict(config), indent=1))
+    record.write_text(json.dumps(settings, indent=1))
     seconds: dict[str, float] = {}
     t_all = time.perf_counter()
 
