@@ -21,6 +21,14 @@ def test_plot_curves_from_workdirs(tmp_path):
                  "al_estimate": s / 50} for s in range(1, 31)]
         (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n{cut")
     assert len(curves.read_metrics(tmp_path / "a")) == 30  # the cut last line is skipped
+    held = [{"step": s, "loss": 9.0, "top1_mean": 0.1, "al_estimate": s / 100}
+            for s in (10, 20, 30)]
+    (tmp_path / "a" / "validation.jsonl").write_text("".join(json.dumps(r) + "\n"
+                                                            for r in held))
+    series = curves.run_series(tmp_path / "a")
+    assert [p[0] for p in series["al_estimate"][1]] == [10, 20, 30]
+    assert series["al_estimate"][1][-1] == (30, 0.3) and len(series["loss"][0]) == 30
+    assert curves.run_series(tmp_path / "b")["loss"][1] == []  # no validation: no points
     out = curves.main([str(tmp_path / "a"), str(tmp_path / "b"), "--out",
                        str(tmp_path / "c.png")])
     assert out == 0 and (tmp_path / "c.png").stat().st_size > 1000

@@ -154,11 +154,14 @@ class Corpus:
     prompt_length, gen_temperature, stopped. `verify` checks each shard's sha256 against
     the manifest when it is first opened. Shards are loaded lazily and a few are kept
     (LRU), so a reader process touches only the shards its indices fall in.
-    `max_shards` reads shards 0 .. max_shards - 1 only (all of them must be finished).
+    `max_shards` reads shards 0 .. max_shards - 1 only (all of them must be finished);
+    `first_shard` skips the shards before it (a held-out validation range is
+    `first_shard=A, max_shards=B`: shards A .. B - 1).
     """
 
     def __init__(self, folder: os.PathLike | str, verify_temperature: Optional[float] = None,
-                 verify: bool = True, cache_shards: int = 4, max_shards: Optional[int] = None):
+                 verify: bool = True, cache_shards: int = 4, max_shards: Optional[int] = None,
+                 first_shard: int = 0):
         self.folder = Path(folder)
         manifest = read_manifest(self.folder)
         if manifest is None:
@@ -169,13 +172,22 @@ class Corpus:
         self.shards = sorted(manifest["shards"], key=lambda s: s["index"])
         if not self.shards:
             raise ValueError(f"corpus {self.folder} has no finished shard yet")
+        first_shard = int(first_shard)
+        if first_shard < 0 or (max_shards and first_shard >= max_shards):
+            raise ValueError(f"corpus {self.folder}: empty shard range [{first_shard}, "
+                             f"{max_shards})")
+        if first_shard:
+            self.shards = [s for s in self.shards if s["index"] >= first_shard]
         if max_shards:  # a fixed prefix: an experiment stays the same while the corpus grows
             first = [s for s in self.shards if s["index"] < max_shards]
-            if len(first) < max_shards:
-                raise ValueError(f"corpus {self.folder} has {len(first)} of the first "
-                                 f"{max_shards} shards finished; run `dblast data regenerate` "
-                                 "further or lower data_shards")
+            if len(first) < max_shards - first_shard:
+                raise ValueError(f"corpus {self.folder} has {len(first)} of the "
+                                 f"{max_shards - first_shard} shards {first_shard} .. "
+                                 f"{max_shards - 1} finished; run `dblast data regenerate` "
+                                 "further or choose fewer shards")
             self.shards = first
+        if not self.shards:
+            raise ValueError(f"corpus {self.folder} has no finished shard from {first_shard} on")
         counts = np.array([s["sequences"] for s in self.shards], np.int64)
         self._starts = np.concatenate([[0], np.cumsum(counts)])
         self.temperatures = list(manifest["settings"]["verify_temperatures"])

@@ -242,9 +242,11 @@ class SyntheticMultiModal:
 
 def make_source(data: str, *, vocab_size: int, block_size: int, seq_len: int,
                 verify_temperature: float, seed: int = 0, num_phrases: int = 4,
-                phrase_len: int = 3, logit_scale: float = 3.0, corpus_shards: int = 0):
-    """'synthetic', a .jsonl path, a corpus folder (its first `corpus_shards` shards
-    when > 0) or a prepared TFDS corpus dataset folder -> a random-access source."""
+                phrase_len: int = 3, logit_scale: float = 3.0, corpus_shards: int = 0,
+                corpus_first_shard: int = 0):
+    """'synthetic', a .jsonl path, a corpus folder (shards `corpus_first_shard` ..
+    `corpus_shards` - 1; all from the first when corpus_shards is 0) or a prepared TFDS
+    corpus dataset folder -> a random-access source."""
     if data == "synthetic":
         return SyntheticMultiModal(vocab_size, block_size=block_size, seq_len=seq_len,
                                    num_phrases=num_phrases, phrase_len=phrase_len,
@@ -258,10 +260,10 @@ def make_source(data: str, *, vocab_size: int, block_size: int, seq_len: int,
     if os.path.isdir(data) and os.path.exists(os.path.join(data, "manifest.json")):
         from dblast_jax.data.corpus import Corpus  # a `dblast data regenerate` folder
         return Corpus(data, verify_temperature=verify_temperature,
-                      max_shards=corpus_shards or None)
+                      max_shards=corpus_shards or None, first_shard=corpus_first_shard)
     if os.path.isdir(data) and os.path.exists(os.path.join(data, "dataset_info.json")):
         from dblast_jax.data.tfds_builders import TfdsCorpusSource  # `dblast data tfds`
-        if corpus_shards:
+        if corpus_shards or corpus_first_shard:
             raise ValueError("data_shards selects shards of a corpus folder; a TFDS dataset "
                              "is already a fixed snapshot (build it with --max-shards)")
         return TfdsCorpusSource(data, verify_temperature=verify_temperature)

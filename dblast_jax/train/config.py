@@ -75,6 +75,14 @@ class TrainConfig:
     log_every: int = 1
     export: bool = True  # write workdir/export (DFlash format) at the end
 
+    # ---- held-out validation (workdir/validation.jsonl), so overfitting and the real
+    # acceptance of the drafter on text it never saw are visible during a run
+    validate_every: int = 0  # steps between validations (and at the end); 0: never
+    validation_data: str = ""  # "": the training data (its validation_shards; synthetic:
+    #                            fresh draws of the same language); or a .jsonl / corpus
+    validation_shards: str = ""  # "A:B": corpus shards A .. B-1, disjoint from data_shards
+    validation_batches: int = 4  # batches of batch_size sequences, fixed anchors each time
+
     # ---- parallelism / memory
     mesh: tuple[int, int, int] = (-1, 1, 1)  # (data, fsdp, tensor); -1 takes the rest
     logits_chunk_size: int = 8192  # vocabulary chunk of the log-prob scans
@@ -120,10 +128,38 @@ class TrainConfig:
             problems.append(f"learning_rate must be > 0, got {self.learning_rate}")
         if not 0 <= self.warmup_fraction < 1:
             problems.append(f"warmup_fraction must be in [0, 1), got {self.warmup_fraction}")
+        problems.extend(self._validation_problems())
         if len(self.mesh) != 3:
             problems.append(f"mesh must be (data, fsdp, tensor), got {self.mesh}")
         if problems:
             raise ValueError(f"invalid TrainConfig {self.name!r}: " + "; ".join(problems))
+
+    def _validation_problems(self) -> list[str]:
+        out = []
+        if self.validate_every < 0:
+            out.append(f"validate_every must be >= 0, got {self.validate_every}")
+        if self.validation_batches < 1:
+            out.append(f"validation_batches must be >= 1, got {self.validation_batches}")
+        if self.validation_shards:
+            try:
+                first, stop = parse_shard_range(self.validation_shards)
+            except ValueError as e:
+                return out + [str(e)]
+            same = self.validation_data in ("", self.data)
+            if same and self.data == "synthetic":
+                out.append("validation_shards selects shards of a corpus folder; synthetic "
+                           "data validates on fresh draws without it")
+            elif same and (self.data_shards == 0 or first < self.data_shards):
+                train = (f"shards 0 .. {self.data_shards - 1}" if self.data_shards
+                         else "every shard (data_shards = 0)")
+                out.append(f"validation_shards {self.validation_shards} overlap the training "
+                           f"data ({train} of {self.data}): held-out shards must come after "
+                           "data_shards")
+        elif (self.validate_every and self.validation_data in ("", self.data)
+              and self.data != "synthetic"):
+            out.append("validate_every needs held-out data: set validation_shards (A:B, "
+                       "corpus shards after data_shards) or validation_data")
+        return out
 
     def replace(self, **changes: Any) -> "TrainConfig":
         return dataclasses.replace(self, **changes)
@@ -164,6 +200,18 @@ class TrainConfig:
             target_layer_ids=tuple(self.target_layer_ids) or None,
             intermediate_size=self.drafter_intermediate_size or None,
             name=self.name, **kw)
+
+
+def parse_shard_range(spec: str) -> tuple[int, int]:
+    """"A:B" -> (A, B): corpus shards A .. B - 1."""
+    parts = str(spec).split(":")
+    try:
+        first, stop = (int(p) for p in parts) if len(parts) == 2 else (None, None)
+    except ValueError:
+        first = stop = None
+    if first is None or not 0 <= first < stop:
+        raise ValueError(f"shard range {spec!r}: expected A:B with 0 <= A < B (shards A .. B-1)")
+    return first, stop
 
 
 # ---- overrides ---------------------------------------------------------------------------

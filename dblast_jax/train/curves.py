@@ -4,7 +4,9 @@
 
 Loss, top-1 agreement with the data and the AL estimate (expected accepted drafts under
 `sampled-branch` verification at T_v) against the step, one line per run, smoothed
-with a trailing mean so that short noisy runs can be compared by eye.
+with a trailing mean so that short noisy runs can be compared by eye. Runs that
+validated (`validate_every`) add their held-out points (validation.jsonl) as dashed
+lines with markers in the same colour.
 """
 
 from __future__ import annotations
@@ -45,6 +47,14 @@ def smooth(values: Sequence[float], window: int) -> np.ndarray:
     return (c[idx] - c[lo]) / (idx - lo)
 
 
+def run_series(workdir: str | Path) -> dict[str, tuple[list, list]]:
+    """{panel key: ([(step, training value)], [(step, held-out value)])} of one run."""
+    from dblast_jax.train.validation import read_validation
+    rows, held = read_metrics(workdir), read_validation(str(workdir))
+    return {key: ([(r["step"], r[key]) for r in rows if key in r],
+                  [(r["step"], r[key]) for r in held if key in r]) for key, _ in PANELS}
+
+
 def plot_curves(workdirs: Sequence[str | Path], out: str | Path, window: int = 20,
                 labels: Optional[Sequence[str]] = None) -> Path:
     import matplotlib
@@ -54,12 +64,18 @@ def plot_curves(workdirs: Sequence[str | Path], out: str | Path, window: int = 2
     labels = list(labels) if labels else [Path(w).name for w in workdirs]
     fig, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 3.6))
     for workdir, label in zip(workdirs, labels):
-        rows = read_metrics(workdir)
+        series = run_series(workdir)
         for ax, (key, title) in zip(axes, PANELS):
-            pts = [(r["step"], r[key]) for r in rows if key in r]
+            pts, vpts = series[key]
+            color = None
             if pts:
                 steps, vals = zip(*pts)
-                ax.plot(steps, smooth(vals, window), label=label)
+                (line,) = ax.plot(steps, smooth(vals, window), label=label)
+                color = line.get_color()
+            if vpts:
+                steps, vals = zip(*vpts)
+                ax.plot(steps, vals, "o--", color=color, markersize=3,
+                        label=f"{label} (held-out)")
             ax.set_title(title)
             ax.set_xlabel("step")
     axes[0].legend(fontsize=8)

@@ -45,6 +45,7 @@ from dblast_jax.config import DrafterConfig, TargetConfig
 from dblast_jax.models import drafter as drafter_lib
 from dblast_jax.models import target as target_lib
 from dblast_jax.train import batches as batches_lib
+from dblast_jax.train import validation as validation_lib
 from dblast_jax.train.checkpoint import Checkpointer, check_workdir, experiment_identity
 from dblast_jax.train.config import TrainConfig
 
@@ -410,7 +411,8 @@ class _Hashable:
 def _step_cache_key(config: TrainConfig) -> TrainConfig:
     """Fields that do not change the step function are normalised away."""
     return config.replace(name="", data="", target="", checkpoint_every=1, keep_checkpoints=1,
-                          log_every=1, export=False, seed=0)
+                          log_every=1, export=False, seed=0, validate_every=0,
+                          validation_data="", validation_shards="", validation_batches=1)
 
 
 # ---- targets and data ---------------------------------------------------------------------------
@@ -485,10 +487,11 @@ class Trainer:
     target: a generation.Target, (TargetConfig, params[, name]) or None (load
     config.target). data: None (config.data), 'synthetic', a .jsonl path, a random-access
     source, a list of records, a batcher or an iterator factory. mesh: a Mesh or None
-    (config.mesh over all devices)."""
+    (config.mesh over all devices). validation_data: the held-out data of
+    `validate_every` (anything `data` may be); None: config.validation_data / _shards."""
 
     def __init__(self, config: TrainConfig, workdir: str, *, target: Any = None,
-                 data: Any = None, mesh: Optional[Mesh] = None,
+                 data: Any = None, validation_data: Any = None, mesh: Optional[Mesh] = None,
                  drafter_config: Optional[DrafterConfig] = None, progress: bool = True,
                  async_checkpoints: bool = True, log: Callable[[str], None] = print):
         self.config = config
@@ -507,6 +510,7 @@ class Trainer:
         self.rows = _local_rows(self.batch_row_sharding((config.batch_size, config.seq_len)),
                                 (config.batch_size, config.seq_len))
         self.batcher = _make_batcher(data, config, tcfg, self.rows)
+        self.validation_data = self._validation_data(data, validation_data, tcfg)
         self._setup_shardings(tparams)
 
         record = dict(config.to_dict(), target=config.target or tname)
@@ -516,6 +520,20 @@ class Trainer:
         self.state = self._init_or_restore()
 
     # -- setup
+    def _validation_data(self, data: Any, given: Any, tcfg: TargetConfig) -> Any:
+        cfg = self.config
+        if not cfg.validate_every:
+            return None
+        if given is not None:
+            return given
+        if data is not None and not isinstance(data, str) and not cfg.validation_data:
+            raise ValueError("validate_every with training data given as an object needs "
+                             "held-out data: pass validation_data= or set "
+                             "config.validation_data")
+        train_data = data if isinstance(data, str) else cfg.data
+        return validation_lib.make_validation_source(
+            cfg, tcfg, data=cfg.validation_data or train_data)
+
     def batch_row_sharding(self, shape: tuple[int, ...]) -> NamedSharding:
         return NamedSharding(self.mesh, _batch_spec(shape, self.mesh))
 
@@ -561,12 +579,13 @@ class Trainer:
         self.batcher.set_state(data_state)
         self.start_step = int(latest)
         self.log(f"resumed {self.workdir} at step {latest}")
-        self._truncate_metrics(latest)
+        for name in ("metrics.jsonl", validation_lib.VALIDATION_FILE):
+            self._truncate_metrics(latest, name)
         return TrainState.from_dict(state)
 
-    def _truncate_metrics(self, step: int) -> None:
+    def _truncate_metrics(self, step: int, name: str = "metrics.jsonl") -> None:
         """Drop metric lines written after the restored checkpoint (they will be redone)."""
-        path = os.path.join(self.workdir, "metrics.jsonl")
+        path = os.path.join(self.workdir, name)
         if jax.process_index() != 0 or not os.path.exists(path):
             return
         with open(path) as f:
@@ -662,6 +681,9 @@ class Trainer:
                     bar.set_postfix(post, refresh=False)
             if bar is not None:
                 bar.update(1)
+            if self.validation_data is not None and (step % cfg.validate_every == 0
+                                                     or step == end):
+                self._validate(step, bar)
             if step % cfg.checkpoint_every == 0 or step == end:
                 self.ckpt.save(step, self.state.to_dict(), self.batcher.get_state())
         if bar is not None:
@@ -680,6 +702,25 @@ class Trainer:
         self.start_step = step
         return TrainResult(self.workdir, step, history, export_path, timing, self.state.params)
 
+    def _validate(self, step: int, bar: Any) -> dict[str, Any]:
+        """Held-out metrics at `step` -> workdir/validation.jsonl (+ a log line)."""
+        cfg = self.config
+        t0 = time.perf_counter()
+        m = self.evaluate(self.validation_data, cfg.validation_batches, step=step)
+        row = {"step": step, **m, "validation_s": time.perf_counter() - t0}
+        if jax.process_index() == 0:
+            with open(os.path.join(self.workdir, validation_lib.VALIDATION_FILE), "a") as f:
+                f.write(json.dumps(row) + "\n")
+        text = f"validation @ {step}: nll {m['nll']:.3f}, top-1 {m['top1_mean']:.3f}"
+        if "al_estimate" in m:
+            text += (f", expected accepted {m['al_estimate']:.3f} (mixture "
+                     f"{m['al_estimate_mixture']:.3f})")
+        if bar is not None:
+            bar.write(text)
+        else:
+            self.log(text)
+        return row
+
     # -- evaluation and export
     def evaluate(self, data: Any, num_batches: int = 4, seed: int = 1234,
                  step: Optional[int] = None) -> dict[str, Any]:
@@ -688,19 +729,15 @@ class Trainer:
         cfg = self.config
         batcher = _make_batcher(data, cfg, self.target_config, self.rows)
         step = int(self.state.step) if step is None else step
-        sums: dict[str, Any] = {}
-        for i in range(num_batches):
-            local = next(batcher)
+
+        def run_batch(local, rng):
             mode = "data" if ("logp" in local and cfg.logp_source != "target") else "target"
             batch = self.global_batch(local, mode)
             fn = _compiled_eval(_step_cache_key(cfg), self.drafter_config,
                                 self.target_config, mode, self.mesh)
-            rng = jax.random.fold_in(jax.random.PRNGKey(seed), i)
-            m = jax.device_get(fn(self.state.params, self.tparams, batch, rng,
-                                  jnp.int32(step)))
-            for k, v in m.items():
-                sums[k] = sums.get(k, 0) + np.asarray(v, np.float64)
-        return {k: _to_py(v / num_batches) for k, v in sums.items()}
+            return fn(self.state.params, self.tparams, batch, rng, jnp.int32(step))
+
+        return validation_lib.mean_metrics(batcher, num_batches, run_batch, seed)
 
     def params_host(self) -> Params:
         """The drafter parameters as numpy on every process (gathered if sharded across

@@ -1,0 +1,154 @@
+"""Held-out validation: how a drafter does on target text it never trained on.
+
+The training metrics are measured on the batch being fitted, so they cannot show
+overfitting (a small corpus is seen many epochs over) and they are noisy (a new batch
+every step). Validation reads a fixed held-out set - corpus shards after the training
+snapshot, or fresh draws of the synthetic language - with the same anchors every time,
+and reports the objective terms, per-position top-1 agreement and, where the data
+carry target log-probs, the exact expected accepted drafts per block under
+`sampled-branch` and `mixture` verification at T_v (`al_estimate`,
+`al_estimate_mixture`). Those are expectations over the target's own samples, so
+comparing two drafters on the same held-out set needs no generation and has far less
+noise than tau measured by sampling.
+
+Two entry points share one loop (`mean_metrics`): the trainer validates every
+`validate_every` steps into workdir/validation.jsonl, and `validate_drafters` scores
+exported drafters (`dblast validate`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable, Iterator, Mapping, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+from dblast_jax.config import TargetConfig
+from dblast_jax.train import batches as batches_lib
+from dblast_jax.train.config import TrainConfig, parse_shard_range
+
+__all__ = ["HELD_OUT_SEED_OFFSET", "VALIDATION_FILE", "make_validation_source",
+           "mean_metrics", "validate_drafters", "read_validation", "validation_table"]
+
+VALIDATION_FILE = "validation.jsonl"
+HELD_OUT_SEED_OFFSET = 1_000_003  # synthetic held-out records: same language, other seed
+SUMMARY_KEYS = ("al_estimate", "al_estimate_mixture", "predicted_tau", "nll", "top1_mean")
+
+
+def make_validation_source(config: TrainConfig, target_config: TargetConfig,
+                           data: Optional[str] = None, shards: Optional[str] = None):
+    """The held-out source of `config` (or of `data` / `shards` given here): corpus shards
+    A .. B-1, a .jsonl file, or synthetic records drawn with another seed."""
+    data = data if data is not None else (config.validation_data or config.data)
+    shards = shards if shards is not None else config.validation_shards
+    first, stop = parse_shard_range(shards) if shards else (0, 0)
+    seed = config.seed + HELD_OUT_SEED_OFFSET if data == "synthetic" else config.seed
+    if data == "synthetic" and shards:
+        raise ValueError("shards select part of a corpus folder; synthetic validation data "
+                         "are fresh draws")
+    if shards and not (os.path.isdir(data)
+                       and os.path.exists(os.path.join(data, "manifest.json"))):
+        raise ValueError(f"validation shards {shards!r} need a corpus folder; {data!r} is not "
+                         "one")
+    return batches_lib.make_source(
+        data, vocab_size=target_config.vocab_size, block_size=config.block_size,
+        seq_len=config.seq_len, verify_temperature=config.verify_temperature, seed=seed,
+        num_phrases=config.synthetic_num_phrases, phrase_len=config.synthetic_phrase_len,
+        logit_scale=config.synthetic_logit_scale, corpus_shards=stop,
+        corpus_first_shard=first)
+
+
+def mean_metrics(batches: Iterator[Mapping[str, np.ndarray]], num_batches: int,
+                 run_batch: Callable[[Mapping[str, np.ndarray], jax.Array], Mapping[str, Any]],
+                 seed: int = 1234) -> dict[str, Any]:
+    """Mean of `run_batch(batch, rng)` over the first `num_batches` batches; the anchor
+    RNG of batch i is fold_in(PRNGKey(seed), i), so every call sees the same anchors."""
+    sums: dict[str, Any] = {}
+    for i in range(num_batches):
+        local = next(batches)
+        m = jax.device_get(run_batch(local, jax.random.fold_in(jax.random.PRNGKey(seed), i)))
+        for k, v in m.items():
+            sums[k] = sums.get(k, 0) + np.asarray(v, np.float64)
+    return {k: (v / num_batches).tolist() for k, v in sums.items()}
+
+
+def validate_drafters(drafters: Mapping[str, Any], target: Any, data: str, *,
+                      shards: str = "", num_batches: int = 8, batch_size: int = 8,
+                      seq_len: int = 256, anchors_per_sequence: int = 24,
+                      verify_temperature: float = 1.0, seed: int = 1234,
+                      progress: bool = True) -> dict[str, dict[str, Any]]:
+    """{name: generation.Drafter} -> {name: mean held-out metrics}, every drafter on the
+    same batches and anchors. Needs target log-probs in the data for the AL metrics
+    (a corpus stores them; otherwise they are computed by the target at T_v)."""
+    from dblast_jax.train.trainer import _compiled_eval  # the trainer's jitted eval step
+    if not drafters:
+        raise ValueError("no drafter to validate")
+    devices = np.array(jax.devices()[:1]).reshape(1, 1, 1)
+    mesh = Mesh(devices, ("data", "fsdp", "tensor"))
+    tparams = target.params
+    out: dict[str, dict[str, Any]] = {}
+    names = list(drafters)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=len(names) * num_batches, desc="validate", unit="batch",
+                   dynamic_ncols=True)
+    for name in names:
+        d = drafters[name]
+        dcfg = d.config
+        cfg = TrainConfig(name=name, target=target.name, data=data, loss="nll",
+                          num_categories=dcfg.num_categories, block_size=dcfg.block_size,
+                          batch_size=batch_size, seq_len=seq_len,
+                          anchors_per_sequence=anchors_per_sequence,
+                          verify_temperature=verify_temperature, track_al=True)
+        source = make_validation_source(cfg, target.config, data=data, shards=shards)
+        batcher = batches_lib.Batcher(source, batch_size=batch_size, seq_len=seq_len,
+                                      block_size=dcfg.block_size, seed=0)
+        mode = "data" if batcher.with_logp else "target"
+        fn = _compiled_eval(cfg, dcfg, target.config, mode, mesh)
+
+        def run_batch(local, rng, d=d, fn=fn, mode=mode):
+            batch = {k: jnp.asarray(v) for k, v in local.items()
+                     if k != "logp" or mode == "data"}
+            m = fn(d.params, tparams, batch, rng, jnp.int32(0))
+            if bar is not None:
+                bar.update(1)
+            return m
+
+        out[name] = mean_metrics(batcher, num_batches, run_batch, seed)
+        out[name]["sequences"] = num_batches * batch_size
+    if bar is not None:
+        bar.close()
+    return out
+
+
+def read_validation(workdir: str) -> list[dict[str, Any]]:
+    """The validation rows of a training run (empty when it never validated)."""
+    path = os.path.join(workdir, VALIDATION_FILE)
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(ln) for ln in f if ln.strip()]
+
+
+def validation_table(results: Mapping[str, Mapping[str, Any]],
+                     baseline: Optional[str] = None) -> str:
+    """Markdown: one row per drafter, the summary metrics, and the relative gain of the
+    expected accepted drafts over `baseline`."""
+    keys = [k for k in SUMMARY_KEYS if any(k in r for r in results.values())]
+    head = ["drafter"] + keys + ([f"AL gain vs {baseline}"] if baseline else [])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    base = results.get(baseline, {}).get("al_estimate") if baseline else None
+    if baseline and baseline not in results:
+        raise ValueError(f"baseline {baseline!r} is not among {sorted(results)}")
+    for name, r in results.items():
+        cells = [name] + [f"{r[k]:.4f}" if k in r else "" for k in keys]
+        if baseline:
+            al = r.get("al_estimate")
+            cells.append(f"{100 * (al / base - 1):+.1f}%" if al is not None and base else "")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,150 @@
+"""Held-out validation: config checks (held-out really held out), corpus shard ranges,
+validation inside a training run (rows, resume), and `validate_drafters` /
+`dblast validate` on exported drafters agreeing with the trainer."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from dblast_jax import cli
+from dblast_jax.data import corpus as corpus_io
+from dblast_jax.generation import Target, load_drafter
+from dblast_jax.train import config as TC
+from dblast_jax.train import trainer as TR
+from dblast_jax.train import validation as V
+from test_pipeline import _make_corpus  # tests/ is on sys.path (pytest "prepend" mode)
+from test_trainer import tiny_cfg, tiny_target
+
+
+def _cfg(**kw):
+    return TC.TrainConfig(target="tiny-llama", block_size=4, seq_len=48, **kw)
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(data="c", data_shards=4, validation_shards="3:5"), "overlap the training"),
+    (dict(data="c", validation_shards="4:6"), "every shard"),
+    (dict(data="c", data_shards=4, validation_shards="6:5"), "0 <= A < B"),
+    (dict(data="c", data_shards=4, validation_shards="x"), "expected A:B"),
+    (dict(data="c", data_shards=4, validate_every=10), "needs held-out data"),
+    (dict(data="synthetic", validation_shards="1:2"), "fresh draws"),
+    (dict(data="synthetic", validate_every=-1), "validate_every"),
+    (dict(data="synthetic", validation_batches=0), "validation_batches"),
+])
+def test_config_refuses_validation_that_is_not_held_out(kw, message):
+    with pytest.raises(ValueError, match=message):
+        _cfg(**kw)
+
+
+def test_config_accepts_held_out_settings():
+    _cfg(data="c", data_shards=4, validation_shards="4:6", validate_every=10)
+    _cfg(data="c", data_shards=4, validation_data="other", validation_shards="0:2",
+         validate_every=10)  # shards of another corpus may be anything
+    _cfg(data="c", validation_data="held.jsonl", validate_every=10)
+    _cfg(data="synthetic", validate_every=10)
+
+
+def test_corpus_shard_range(tmp_path):
+    folder = _make_corpus(tmp_path)  # shards of 13 / 13 / 11 records; record r starts with r
+    tail = corpus_io.Corpus(folder, first_shard=1, max_shards=3)
+    assert len(tail) == 24 and int(tail[0]["tokens"][0]) == 13
+    assert int(tail[23]["tokens"][0]) == 36
+    assert len(corpus_io.Corpus(folder, first_shard=2)) == 11
+    with pytest.raises(ValueError, match="finished"):
+        corpus_io.Corpus(folder, first_shard=2, max_shards=5)
+    with pytest.raises(ValueError, match="empty shard range"):
+        corpus_io.Corpus(folder, first_shard=2, max_shards=2)
+    with pytest.raises(ValueError, match="no finished shard"):
+        corpus_io.Corpus(folder, first_shard=3)
+    # the validation source of a training config reads exactly the held-out shards
+    cfg = _cfg(data=str(folder), data_shards=1, validation_shards="1:3", validate_every=5,
+               verify_temperature=1.0)
+    src = V.make_validation_source(cfg, tiny_target()[0])
+    assert len(src) == 24 and int(src[0]["tokens"][0]) == 13
+
+
+@pytest.fixture(scope="module")
+def validated_run(tmp_path_factory):
+    cfg = tiny_cfg("tiny_dflash", "num_steps=6", "validate_every=3", "validation_batches=2",
+                   "checkpoint_every=3")
+    wd = str(tmp_path_factory.mktemp("validated"))
+    trainer = TR.Trainer(cfg, wd, target=tiny_target(), progress=False, log=lambda s: None)
+    result = trainer.run()
+    final = trainer.evaluate(V.make_validation_source(cfg, tiny_target()[0]), 2, step=6)
+    trainer.close()
+    return cfg, wd, result, final
+
+
+def test_trainer_writes_validation_rows(validated_run):
+    cfg, wd, result, final = validated_run
+    rows = V.read_validation(wd)
+    assert [r["step"] for r in rows] == [3, 6]
+    for key in ("nll", "top1_mean", "al_estimate", "al_estimate_mixture", "validation_s"):
+        assert all(np.isfinite(r[key]) for r in rows), key
+    # the row at the last step is the held-out metric of the final parameters ...
+    for key, value in final.items():
+        np.testing.assert_allclose(rows[-1][key], value, rtol=1e-6, err_msg=key)
+    # ... on records the run never trained on (same language, other seed)
+    held = V.make_validation_source(cfg, tiny_target()[0])
+    from dblast_jax.train.batches import make_source
+    train_src = make_source("synthetic", vocab_size=tiny_target()[0].vocab_size,
+                            block_size=cfg.block_size, seq_len=cfg.seq_len,
+                            verify_temperature=cfg.verify_temperature, seed=cfg.seed)
+    assert not np.array_equal(held[0]["tokens"], train_src[0]["tokens"])
+    np.testing.assert_array_equal(held.phrases, train_src.phrases)  # the same language
+
+
+def test_resume_drops_validation_rows_after_the_checkpoint(validated_run, tmp_path):
+    cfg, _, _, _ = validated_run
+    wd = str(tmp_path / "resume")
+    first = TR.Trainer(cfg, wd, target=tiny_target(), progress=False, log=lambda s: None)
+    first.run(stop_at=3)
+    first.close()
+    with open(os.path.join(wd, V.VALIDATION_FILE), "a") as f:  # a kill after step 4's row
+        f.write(json.dumps({"step": 4, "nll": 0.0}) + "\n")
+    second = TR.Trainer(cfg, wd, target=tiny_target(), progress=False, log=lambda s: None)
+    second.run()
+    second.close()
+    assert [r["step"] for r in V.read_validation(wd)] == [3, 6]
+
+
+def test_validation_of_object_data_needs_held_out_data(tmp_path):
+    cfg = tiny_cfg("tiny_dflash", "num_steps=2", "validate_every=1")
+    records = [list(range(1, 30))] * 4
+    with pytest.raises(ValueError, match="validation_data"):
+        TR.Trainer(cfg, str(tmp_path / "w"), target=tiny_target(), data=records,
+                   progress=False)
+    assert not os.path.exists(tmp_path / "w" / "checkpoints")
+
+
+def test_validate_drafters_matches_the_trainer(validated_run):
+    cfg, wd, result, final = validated_run
+    tcfg, tparams, name = tiny_target()
+    target = Target(tcfg, tparams, None, name)
+    drafter = load_drafter(result.export_path, target)
+    got = V.validate_drafters({"run": drafter}, target, "synthetic", num_batches=2,
+                              batch_size=cfg.batch_size, seq_len=cfg.seq_len,
+                              anchors_per_sequence=cfg.anchors_per_sequence,
+                              verify_temperature=cfg.verify_temperature, progress=False)
+    for key in ("al_estimate", "al_estimate_mixture", "top1_mean"):
+        np.testing.assert_allclose(got["run"][key], final[key], rtol=1e-4, err_msg=key)
+    table = V.validation_table({"a": got["run"], "b": dict(got["run"], al_estimate=0.0)}, "a")
+    assert "+0.0%" in table and "-100.0%" in table
+    with pytest.raises(ValueError, match="baseline"):
+        V.validation_table(got, "nobody")
+
+
+def test_cli_validate(tmp_path, capsys):
+    out = tmp_path / "v"
+    argv = ["validate", "--model", "tiny-llama", "--drafter", "k1=random",
+            "--drafter", "k2=random-k2", "--data", "synthetic", "--batches", "1",
+            "--batch-size", "2", "--seq-len", "32", "--anchors", "2", "--baseline", "k1",
+            "--out", str(out)]
+    assert cli.main(argv) == 0
+    record = json.loads((out / "validation.json").read_text())
+    assert set(record["results"]) == {"k1", "k2"}
+    assert "| k2 |" in (out / "validation.md").read_text()
+    assert cli.main(["validate", "--model", "tiny-llama", "--drafter",
+                     "k1=random@mode=mixture", "--data", "synthetic"]) == 1
+    assert "do not apply" in capsys.readouterr().err
