@@ -266,6 +266,19 @@ def test_k4_nll_al_beats_k1_dflash_at_temperature_1_5(runs):
     np.testing.assert_allclose(k1["al_estimate_mixture"], k1["al_estimate"], rtol=1e-6)
 
 
+def test_prior_diagnostics(runs):
+    """prior_entropy / branch_usage: the mixture's use of its K branches, in every row."""
+    for name, k in (("tiny_dflash", 1), ("tiny_dblast_k4_al", 4)):
+        for row in runs[name]["result"].history[::50]:
+            assert len(row["branch_usage"]) == k
+            assert sum(row["branch_usage"]) == pytest.approx(1.0, abs=1e-5)
+            assert -1e-6 <= row["prior_entropy"] <= np.log(k) + 1e-5
+        if k == 1:
+            assert row["prior_entropy"] == pytest.approx(0.0, abs=1e-6)
+        else:  # on the 4-phrase language the trained prior keeps several branches alive
+            assert row["prior_entropy"] > 0.1, row["branch_usage"]
+
+
 def test_export_is_the_trained_drafter(runs):
     from dblast_jax.io.dflash import load_dflash
     run = runs["tiny_dblast_k4_al"]

@@ -255,6 +255,14 @@ def loss_terms(dparams: Params, tparams: Params, batch: Mapping[str, Array], rng
     per_pos = jnp.sum(agree * m, axis=(0, 1)) / jnp.maximum(jnp.sum(m, axis=(0, 1)), 1.0)
     metrics["top1"] = per_pos
     metrics["top1_mean"] = jnp.sum(agree * m) / jnp.maximum(jnp.sum(m), 1.0)
+
+    # -- the latent prior: does the mixture use its branches (entropy, mean weight of each)?
+    valid = jnp.any(pos_mask, axis=-1).astype(jnp.float32)  # [B, A]
+    n_valid = jnp.maximum(jnp.sum(valid), 1.0)
+    log_pi = jax.nn.log_softmax(lax.stop_gradient(prior_logits).astype(jnp.float32), axis=-1)
+    entropy = -jnp.sum(jnp.exp(log_pi) * log_pi, axis=-1)  # [B, A]
+    metrics["prior_entropy"] = jnp.sum(entropy * valid) / n_valid
+    metrics["branch_usage"] = jnp.einsum("bak,ba->k", pi.astype(jnp.float32), valid) / n_valid
     metrics["tokens"] = jnp.sum(lengths).astype(jnp.int32)
     metrics["label_tokens"] = jnp.sum(pos_mask).astype(jnp.int32)
     return loss, metrics
