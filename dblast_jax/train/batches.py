@@ -297,6 +297,12 @@ def collate(records: Sequence[Record], seq_len: int, with_logp: Optional[bool] =
     out = {"tokens": tokens, "loss_mask": mask, "lengths": lengths}
     if with_logp:
         out["logp"] = logp
+    if records and "taps" in records[0]:  # cached target features, already [seq_len, ...]
+        taps = [r["taps"] for r in records]
+        if any(t.shape[0] != seq_len for t in taps):
+            raise ValueError(f"cached taps cover {taps[0].shape[0]} positions, the batch "
+                             f"{seq_len}: the cache was built for another seq_len")
+        out["taps"] = np.stack(taps)
     return out
 
 

@@ -88,6 +88,8 @@ class TrainConfig:
     logits_chunk_size: int = 8192  # vocabulary chunk of the log-prob scans
     logits_row_chunk_size: int = 0  # 0: all rows at once
     param_dtype: str = "float32"  # drafter parameters (the target is loaded in the same)
+    feature_cache: str = ""  # folder: compute the frozen target's taps once per record
+    feature_cache_dtype: str = "float32"  # or "bfloat16" (half the disk, rounded taps)
 
     # ---- synthetic data (data = "synthetic"; drawn at verify_temperature)
     synthetic_num_phrases: int = 4
@@ -105,6 +107,9 @@ class TrainConfig:
             problems.append(f"logp_source {self.logp_source!r} is not one of {LOGP_SOURCES}")
         if self.param_dtype not in PARAM_DTYPES:
             problems.append(f"param_dtype {self.param_dtype!r} is not one of {PARAM_DTYPES}")
+        if self.feature_cache_dtype not in PARAM_DTYPES:
+            problems.append(f"feature_cache_dtype {self.feature_cache_dtype!r} is not one of "
+                            f"{PARAM_DTYPES}")
         if self.data_shards < 0:
             problems.append(f"data_shards must be >= 0, got {self.data_shards}")
         for field in ("num_steps", "batch_size", "anchors_per_sequence", "grad_accum_steps",

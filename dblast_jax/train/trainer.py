@@ -163,6 +163,10 @@ def target_features(tparams: Params, tokens: Array, *, drafter_config: DrafterCo
     return taps[:, :, :len(drafter_config.target_layer_ids)], logp
 
 
+def _dtype_of_tree(params: Params):
+    return jax.tree.leaves(params)[0].dtype
+
+
 def mixture_conditional_logq(logq: Array, prior_logits: Array, mask: Array) -> Array:
     """log Q_i(x*_i | x*_<i) [B, A, P] of the whole mixture, Q = sum_z pi_z prod_i q_{z,i}:
     the posterior over z given the prefix, times each branch's q (the proposal of
@@ -195,10 +199,17 @@ def loss_terms(dparams: Params, tparams: Params, batch: Mapping[str, Array], rng
     # -- the frozen target: features (and log-probs of the data at T_v)
     tparams = lax.stop_gradient(tparams)
     head, layout = target_head(tparams, tcfg)
-    drafter_taps, logp_tok = target_features(
-        tparams, tokens, drafter_config=dcfg, target_config=tcfg,
-        logp_temperature=cfg.verify_temperature if logp_mode == "target" else None,
-        chunk_size=cfg.logits_chunk_size, row_chunk_size=cfg.logits_row_chunk_size or None)
+    if "taps" in batch:  # cached features (feature_cache): the target pass was done once
+        if logp_mode == "target":
+            raise ValueError("cached features hold the drafter's taps only; target log-probs "
+                             "must come with the data (logp_source 'data' / 'auto')")
+        drafter_taps, logp_tok = batch["taps"].astype(_dtype_of_tree(tparams)), None
+    else:
+        drafter_taps, logp_tok = target_features(
+            tparams, tokens, drafter_config=dcfg, target_config=tcfg,
+            logp_temperature=cfg.verify_temperature if logp_mode == "target" else None,
+            chunk_size=cfg.logits_chunk_size,
+            row_chunk_size=cfg.logits_row_chunk_size or None)
     if logp_mode == "data":
         logp_tok = batch["logp"].astype(jnp.float32)
 
@@ -420,7 +431,8 @@ def _step_cache_key(config: TrainConfig) -> TrainConfig:
     """Fields that do not change the step function are normalised away."""
     return config.replace(name="", data="", target="", checkpoint_every=1, keep_checkpoints=1,
                           log_every=1, export=False, seed=0, validate_every=0,
-                          validation_data="", validation_shards="", validation_batches=1)
+                          validation_data="", validation_shards="", validation_batches=1,
+                          feature_cache="", feature_cache_dtype="float32")
 
 
 # ---- targets and data ---------------------------------------------------------------------------
@@ -519,6 +531,8 @@ class Trainer:
                                 (config.batch_size, config.seq_len))
         self.batcher = _make_batcher(data, config, tcfg, self.rows)
         self.validation_data = self._validation_data(data, validation_data, tcfg)
+        if config.feature_cache:
+            self._use_feature_cache(tparams, tname)
         self._setup_shardings(tparams)
 
         record = dict(config.to_dict(), target=config.target or tname)
@@ -528,6 +542,26 @@ class Trainer:
         self.state = self._init_or_restore()
 
     # -- setup
+    def _use_feature_cache(self, tparams: Params, tname: str) -> None:
+        """Read the frozen target's taps from a cache built once (feature_cache.py)."""
+        from dblast_jax.train import feature_cache as fc
+        cfg = self.config
+        if not isinstance(self.batcher, batches_lib.Batcher):
+            raise ValueError("feature_cache needs a random-access corpus (a corpus folder, "
+                             ".jsonl or records), not an iterator")
+        needs_logp = cfg.uses_al or cfg.track_al
+        if needs_logp and (cfg.logp_source == "target" or not self.batcher.with_logp):
+            raise ValueError("feature_cache stores the drafter's taps only, and this run "
+                             "needs target log-probs the data do not carry (or "
+                             "logp_source='target'): use a regenerated corpus, or "
+                             "track_al=false with an NLL-only loss")
+        cache = fc.build_feature_cache(
+            self.batcher.source, self.target_config, tparams,
+            self.drafter_config.target_layer_ids, cfg.seq_len, cfg.feature_cache,
+            target_name=tname, dtype=cfg.feature_cache_dtype, batch_size=cfg.batch_size,
+            progress=self.progress, log=self.log, build=jax.process_count() == 1)
+        self.batcher.source = fc.CachedFeatureSource(self.batcher.source, cache)
+
     def _validation_data(self, data: Any, given: Any, tcfg: TargetConfig) -> Any:
         cfg = self.config
         if not cfg.validate_every:

@@ -1,0 +1,214 @@
+"""Cached target features: the frozen target's taps of every training record, once.
+
+Why: the target never changes during drafter training, and a record enters a batch as
+its first `seq_len` tokens (right-padded), so the taps the drafter reads are a fixed
+function of the record. Recomputing them every epoch is about half of a K = 1 step on
+a CPU (`benchmarks/bench_train_step.py`); a corpus of a few hundred records is seen
+many epochs over. The cache runs the target once per record and the trainer reads the
+taps from disk (`TrainConfig.feature_cache`).
+
+Layout: `<cache folder>/<fingerprint[:16]>/` with
+    meta.json      what the features are of: records digest, target digest, tap layers,
+                   seq_len, dtype (the fingerprint is their hash)
+    taps.npy       [records, seq_len, n_taps, H] float32 (or bfloat16 stored as uint16)
+    progress.json  {"done": n, "complete": bool}, rewritten atomically after each chunk
+A changed corpus, target, tap set or seq_len gets another subfolder, so features are
+never read for records they were not computed from; an interrupted build resumes at
+`done`. Records are those of the source in index order (the trainer's Batcher picks
+indices into the same source).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dblast_jax.config import TargetConfig
+from dblast_jax.models import target as target_lib
+from dblast_jax.train import batches as batches_lib
+
+__all__ = ["FeatureCache", "CachedFeatureSource", "build_feature_cache", "records_digest",
+           "params_digest", "FORMAT"]
+
+FORMAT = "dblast-feature-cache-v1"
+DTYPES = {"float32": np.float32, "bfloat16": np.uint16}  # bf16 bits kept as uint16
+
+
+def _atomic_json(path: Path, obj: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def records_digest(source: Any, seq_len: int) -> str:
+    """sha256 over the first seq_len tokens of every record (all the taps depend on)."""
+    h = hashlib.sha256(f"{len(source)}:{seq_len}".encode())
+    for i in range(len(source)):
+        tokens = np.asarray(source[i]["tokens"][:seq_len], np.int32)
+        h.update(np.int64(tokens.size).tobytes())
+        h.update(tokens.tobytes())
+    return h.hexdigest()
+
+
+def params_digest(params: Any, sample: int = 4096) -> str:
+    """A cheap identity of target weights: every leaf's path, shape, dtype and a strided
+    sample of its values (a different checkpoint of the same shape changes it)."""
+    h = hashlib.sha256()
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+        a = np.asarray(leaf)
+        h.update(jax.tree_util.keystr(path).encode())
+        h.update(f"{a.shape}{a.dtype}".encode())
+        flat = a.reshape(-1)
+        step = max(1, flat.size // sample)
+        h.update(np.ascontiguousarray(flat[::step][:sample]).astype(np.float32).tobytes())
+    return h.hexdigest()
+
+
+class FeatureCache:
+    """A finished cache: `taps(i)` -> [seq_len, n_taps, H] float32 of record i."""
+
+    def __init__(self, folder: os.PathLike | str):
+        self.folder = Path(folder)
+        meta_path, prog_path = self.folder / "meta.json", self.folder / "progress.json"
+        if not meta_path.exists() or not prog_path.exists():
+            raise FileNotFoundError(f"no feature cache at {self.folder}")
+        self.meta = json.loads(meta_path.read_text())
+        progress = json.loads(prog_path.read_text())
+        if not progress.get("complete"):
+            raise ValueError(f"feature cache {self.folder} is unfinished ({progress['done']} "
+                             f"of {self.meta['records']} records); build it again to resume")
+        self.dtype = self.meta["dtype"]
+        try:
+            self._taps = np.load(self.folder / "taps.npy", mmap_mode="r")
+        except (OSError, ValueError) as e:
+            raise ValueError(f"feature cache {self.folder}: taps.npy is unreadable ({e}): "
+                             "corrupt; delete the folder to rebuild it") from None
+        want = (self.meta["records"], self.meta["seq_len"], len(self.meta["tap_layers"]),
+                self.meta["hidden_size"])
+        if self._taps.shape != want or self._taps.dtype != DTYPES[self.dtype]:
+            raise ValueError(f"feature cache {self.folder}: taps.npy is {self._taps.shape} "
+                             f"{self._taps.dtype}, meta.json says {want} {self.dtype}: "
+                             "corrupt; delete the folder to rebuild it")
+
+    def __len__(self) -> int:
+        return int(self._taps.shape[0])
+
+    def taps(self, i: int) -> np.ndarray:
+        x = np.asarray(self._taps[int(i)])
+        if self.dtype == "bfloat16":
+            x = (x.astype(np.uint32) << 16).view(np.float32)
+        return x
+
+
+class CachedFeatureSource:
+    """A random-access source whose records also carry their cached "taps"."""
+
+    def __init__(self, source: Any, cache: FeatureCache):
+        if len(cache) != len(source):
+            raise ValueError(f"feature cache {cache.folder} holds {len(cache)} records, the "
+                             f"data {len(source)}")
+        self.source, self.cache = source, cache
+        self.name = getattr(source, "name", "cached")
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        rec = dict(self.source[i])
+        rec["taps"] = self.cache.taps(i)
+        return rec
+
+    def usable_indices(self, seq_len: int, block_size: int):
+        return self.source.usable_indices(seq_len, block_size)
+
+
+def _fingerprint(meta: dict) -> str:
+    return hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()
+
+
+def build_feature_cache(source: Any, target_config: TargetConfig, target_params: Any,
+                        tap_layers: Sequence[int], seq_len: int, folder: os.PathLike | str, *,
+                        target_name: str = "target", dtype: str = "float32",
+                        batch_size: int = 8, progress: bool = True, log=print,
+                        build: bool = True) -> FeatureCache:
+    """The cache of `source` under `folder` (built, or resumed, when not finished).
+    build=False only opens a finished cache (the other processes of a multi-process run:
+    build it first with a single-process run, e.g. `launch/train.py ... --stop_at=0`)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"feature cache dtype {dtype!r}: expected one of {sorted(DTYPES)}")
+    try:
+        n = len(source)
+    except TypeError:
+        raise ValueError("feature_cache needs a finite random-access corpus (a corpus "
+                         "folder, .jsonl or list of records)") from None
+    if n > 10**8:
+        raise ValueError(f"feature_cache needs a finite corpus; this source has {n} records "
+                         "(synthetic data are generated on the fly: train without a cache)")
+    meta = {"format": FORMAT, "records": n, "records_digest": records_digest(source, seq_len),
+            "target": target_name, "target_digest": params_digest(target_params),
+            "tap_layers": [int(x) for x in tap_layers], "seq_len": int(seq_len),
+            "hidden_size": int(target_config.hidden_size), "dtype": dtype}
+    sub = Path(folder) / _fingerprint(meta)[:16]
+    sub.mkdir(parents=True, exist_ok=True)
+    meta_path, prog_path, taps_path = sub / "meta.json", sub / "progress.json", sub / "taps.npy"
+    if meta_path.exists() and json.loads(meta_path.read_text()) != meta:
+        raise ValueError(f"feature cache {sub} holds other features (meta.json differs); "
+                         "delete it")
+    done = 0
+    if prog_path.exists() and taps_path.exists():
+        state = json.loads(prog_path.read_text())
+        if state.get("complete"):
+            return FeatureCache(sub)
+        done = int(state["done"])
+    if not build:
+        raise FileNotFoundError(f"feature cache {sub} is not finished; build it with a "
+                                "single-process run first (launch/train.py ... --stop_at=0)")
+    _atomic_json(meta_path, meta)
+    shape = (n, seq_len, len(meta["tap_layers"]), meta["hidden_size"])
+    if done and taps_path.exists():
+        taps = np.load(taps_path, mmap_mode="r+")
+        if taps.shape != shape:
+            raise ValueError(f"feature cache {sub}: taps.npy is {taps.shape}, expected {shape}"
+                             "; delete the folder to rebuild it")
+    else:
+        done = 0
+        taps = np.lib.format.open_memmap(taps_path, mode="w+", dtype=DTYPES[dtype],
+                                         shape=shape)
+        _atomic_json(prog_path, {"done": 0, "complete": False})
+
+    layers = tuple(meta["tap_layers"])
+    forward = jax.jit(lambda p, t: target_lib.forward(p, t, config=target_config,
+                                                      tap_layers=layers)[1])
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=n, initial=done, desc="feature cache", unit="rec", dynamic_ncols=True)
+    while done < n:
+        idx = list(range(done, min(done + batch_size, n)))
+        recs = [source[i] for i in idx]
+        recs += [recs[-1]] * (batch_size - len(recs))  # one compiled shape
+        tokens = batches_lib.collate(recs, seq_len, with_logp=False)["tokens"]
+        out = np.asarray(jax.device_get(forward(target_params, jnp.asarray(tokens))),
+                         np.float32)[:len(idx)]
+        if dtype == "bfloat16":  # round to nearest even, keep the top 16 bits
+            bits = out.view(np.uint32)
+            out = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+        taps[done:done + len(idx)] = out
+        taps.flush()
+        done += len(idx)
+        _atomic_json(prog_path, {"done": done, "complete": done == n})
+        if bar is not None:
+            bar.update(len(idx))
+    if bar is not None:
+        bar.close()
+    del taps
+    log(f"feature cache {sub}: {n} records x {seq_len} tokens x {len(layers)} taps")
+    return FeatureCache(sub)
+

@@ -1,0 +1,142 @@
+"""Cached target features: training on cached taps equals training with the live target
+pass; caches are keyed by what they were computed from, resume after a kill, and refuse
+what they cannot serve."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from dblast_jax.data import corpus as corpus_io
+from dblast_jax.train import feature_cache as FC
+from dblast_jax.train import trainer as TR
+from test_pipeline import _make_corpus  # tests/ is on sys.path (pytest "prepend" mode)
+from test_trainer import tiny_cfg, tiny_target
+
+SEQ = 24
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return _make_corpus(tmp_path_factory.mktemp("corpus"))  # 37 records, logp at 0.7 / 1.0
+
+
+def _cfg(corpus, *more):
+    return tiny_cfg("tiny_dflash", f"data={corpus}", "verify_temperature=1.0",
+                    f"seq_len={SEQ}", "num_steps=4", "checkpoint_every=4", *more)
+
+
+def _train(cfg, wd):
+    trainer = TR.Trainer(cfg, str(wd), target=tiny_target(), progress=False,
+                         log=lambda s: None)
+    result = trainer.run()
+    trainer.close()
+    return result
+
+
+def _source(corpus):
+    return corpus_io.Corpus(corpus, verify_temperature=1.0)
+
+
+def _build(corpus, folder, **kw):
+    tcfg, tparams, name = tiny_target()
+    return FC.build_feature_cache(_source(corpus), tcfg, tparams, (1,), SEQ, folder,
+                                  target_name=name, progress=False, log=lambda s: None, **kw)
+
+
+def test_training_on_cached_features_equals_live_target(corpus, tmp_path):
+    live = _train(_cfg(corpus), tmp_path / "live")
+    cached = _train(_cfg(corpus, f"feature_cache={tmp_path / 'fc'}"), tmp_path / "cached")
+    for a, b in zip(live.history, cached.history):
+        for key in ("loss", "al_estimate", "top1_mean"):
+            np.testing.assert_allclose(b[key], a[key], rtol=1e-5, err_msg=key)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(b), np.asarray(a),
+                                                         rtol=1e-5, atol=1e-7),
+                 jax.device_get(live.params), jax.device_get(cached.params))
+    # one cache folder, finished, reused as is by the next run
+    (sub,) = list((tmp_path / "fc").iterdir())
+    assert json.loads((sub / "progress.json").read_text()) == {"done": 37, "complete": True}
+    stamp = os.stat(sub / "taps.npy").st_mtime_ns
+    _train(_cfg(corpus, f"feature_cache={tmp_path / 'fc'}", "num_steps=1"), tmp_path / "again")
+    assert os.stat(sub / "taps.npy").st_mtime_ns == stamp
+
+
+def test_cache_holds_the_target_taps(corpus, tmp_path):
+    import dataclasses
+    cache = _build(corpus, tmp_path)
+    tcfg, tparams, _ = tiny_target()
+    dcfg = dataclasses.replace(tiny_cfg("tiny_dflash").drafter_config(tcfg),
+                               target_layer_ids=(1,))
+    rec = _source(corpus)[5]["tokens"][:SEQ]
+    tokens = np.pad(rec, (0, SEQ - len(rec)))[None]
+    taps, _ = TR.target_features(tparams, tokens, drafter_config=dcfg, target_config=tcfg)
+    np.testing.assert_allclose(cache.taps(5), np.asarray(taps[0]), rtol=1e-5, atol=1e-6)
+    assert len(cache) == 37 and cache.taps(0).shape == (SEQ, 1, tcfg.hidden_size)
+
+
+def test_interrupted_build_resumes_to_the_same_cache(corpus, tmp_path, monkeypatch):
+    want = _build(corpus, tmp_path / "fresh")
+    real = corpus_io.Corpus.__getitem__
+    calls = {"n": 0}
+
+    def flaky(self, i):
+        calls["n"] += 1
+        if calls["n"] > 60:  # the digest reads 37; the build dies inside its third chunk
+            raise KeyboardInterrupt
+        return real(self, i)
+
+    monkeypatch.setattr(corpus_io.Corpus, "__getitem__", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        _build(corpus, tmp_path / "killed")
+    monkeypatch.setattr(corpus_io.Corpus, "__getitem__", real)
+    (sub,) = list((tmp_path / "killed").iterdir())
+    state = json.loads((sub / "progress.json").read_text())
+    assert 0 < state["done"] < 37 and not state["complete"]
+    with pytest.raises(ValueError, match="unfinished"):
+        FC.FeatureCache(sub)
+    got = _build(corpus, tmp_path / "killed")
+    for i in range(37):
+        np.testing.assert_array_equal(got.taps(i), want.taps(i))
+
+
+def test_caches_are_keyed_by_what_they_hold(corpus, tmp_path):
+    a = _build(corpus, tmp_path)
+    tcfg, tparams, name = tiny_target()
+    b = FC.build_feature_cache(_source(corpus), tcfg, tparams, (1,), SEQ + 8, tmp_path,
+                               target_name=name, progress=False, log=lambda s: None)
+    other = jax.tree.map(lambda x: x * 1.01, tparams)
+    c = FC.build_feature_cache(_source(corpus), tcfg, other, (1,), SEQ, tmp_path,
+                               target_name=name, progress=False, log=lambda s: None)
+    assert len({a.folder, b.folder, c.folder}) == 3
+    assert _build(corpus, tmp_path).folder == a.folder
+
+
+def test_bfloat16_cache_is_the_rounded_float32_cache(corpus, tmp_path):
+    f32 = _build(corpus, tmp_path)
+    bf16 = _build(corpus, tmp_path, dtype="bfloat16")
+    x, y = f32.taps(3), bf16.taps(3)
+    assert y.dtype == np.float32 and os.path.getsize(bf16.folder / "taps.npy") < \
+        0.6 * os.path.getsize(f32.folder / "taps.npy")
+    np.testing.assert_allclose(y, x, rtol=2**-8, atol=1e-30)
+    np.testing.assert_array_equal(y, np.asarray(jax.numpy.asarray(x, jax.numpy.bfloat16),
+                                                np.float32))
+
+
+def test_corrupt_cache_and_unusable_settings_are_refused(corpus, tmp_path):
+    cache = _build(corpus, tmp_path)
+    path = cache.folder / "taps.npy"
+    path.write_bytes(path.read_bytes()[:1000])
+    with pytest.raises(ValueError, match="corrupt"):
+        FC.FeatureCache(cache.folder)
+    with pytest.raises(ValueError, match="finite"):  # synthetic data are generated on the fly
+        TR.Trainer(tiny_cfg("tiny_dflash", f"feature_cache={tmp_path / 's'}"),
+                   str(tmp_path / "w1"), target=tiny_target(), progress=False)
+    with pytest.raises(ValueError, match="log-probs"):
+        TR.Trainer(_cfg(corpus, f"feature_cache={tmp_path / 'x'}", "logp_source=target"),
+                   str(tmp_path / "w2"), target=tiny_target(), progress=False)
+    with pytest.raises(ValueError, match="feature_cache_dtype"):
+        _cfg(corpus, "feature_cache_dtype=float16")
+    with pytest.raises(FileNotFoundError, match="single-process"):
+        _build(corpus, tmp_path / "none", build=False)
