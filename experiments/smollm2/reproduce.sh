@@ -9,7 +9,7 @@
 # committed under corpora/ and grown across sessions), (2) the four main drafters on a
 # fixed snapshot of it (data_shards), (3) evaluation on the four benchmarks at
 # T = 0.7 / 1.0 / 1.5 against plain decoding, with the K = 4 AL drafter also under
-# `mixture` verification. Results land in $RUNS/eval (results.md / .json / .csv, PNGs);
+# `mixture` verification. Results land in $EVAL (default $RUNS/eval: results.md / .json / .csv, PNGs);
 # RESULTS.md quotes them with these commands.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -25,10 +25,15 @@ LR=${LR:-1e-3}
 PROMPTS=${PROMPTS:-4}         # evaluation prompts per benchmark
 NEW_TOKENS=${NEW_TOKENS:-128} # evaluation answer length per turn
 EXPERIMENTS=${EXPERIMENTS:-"smollm2_dflash_baseline smollm2_k1_al smollm2_dblast_k4_nll smollm2_dblast_k4_al"}
+VAL_SHARDS=${VAL_SHARDS:-2}   # held-out shards right after the snapshot (validation.jsonl)
+VALIDATE_EVERY=${VALIDATE_EVERY:-100}
+FEATURES=${FEATURES:-$RUNS/features}  # the frozen target's taps, computed once per record
+EVAL=${EVAL:-$RUNS/eval}      # evaluation folder (resumes by drafter name: use a new one after
+                              # training on, e.g. STEPS raised in existing workdirs)
 
 # (1) corpus: all training prompts of <= 512 tokens, answered at T = 1.0 (<= 256 tokens),
 # target log-probs stored at the three evaluation temperatures (the AL loss reads T_v = 1.0)
-missing=$(python - "$CORPUS" "$SHARDS" <<'EOF'
+missing=$(python - "$CORPUS" "$((SHARDS + VAL_SHARDS))" <<'EOF'
 import json, os, sys
 folder, want = sys.argv[1], int(sys.argv[2])
 path = os.path.join(folder, "manifest.json")
@@ -45,7 +50,9 @@ fi
 # (2) the four drafters: same sizes, same data snapshot, same seed
 COMMON=(num_steps=$STEPS batch_size=8 seq_len=$SEQ_LEN anchors_per_sequence=$ANCHORS
         learning_rate=$LR drafter_layers=$LAYERS data_shards=$SHARDS checkpoint_every=25
-        keep_checkpoints=2)
+        keep_checkpoints=2 feature_cache=$FEATURES validate_every=$VALIDATE_EVERY
+        validation_shards=$SHARDS:$((SHARDS + VAL_SHARDS))
+        validation_batches=$((VAL_SHARDS * 32 / 8)))
 for exp in $EXPERIMENTS; do
     overrides=()
     for kv in "${COMMON[@]}"; do overrides+=(--override "$kv"); done
@@ -59,9 +66,9 @@ if [[ " $EXPERIMENTS " == *" smollm2_dblast_k4_al "* ]]; then
     drafters+=(--drafter "dblast_k4_al_mixture=$RUNS/smollm2_dblast_k4_al/export@mode=mixture")
 fi
 dblast eval "${drafters[@]}" --baseline dflash_baseline --prompts-per-benchmark "$PROMPTS" \
-    --max-new-tokens "$NEW_TOKENS" --batch-size 4 --out "$RUNS/eval"
+    --max-new-tokens "$NEW_TOKENS" --batch-size 4 --out "$EVAL"
 
 # training curves of the drafters (loss, top-1 agreement, AL estimate vs step)
 workdirs=()
 for exp in $EXPERIMENTS; do workdirs+=("$RUNS/$exp"); done
-python -m dblast_jax.train.curves "${workdirs[@]}" --out "$RUNS/eval/training_curves.png"
+python -m dblast_jax.train.curves "${workdirs[@]}" --out "$EVAL/training_curves.png"
