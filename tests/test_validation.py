@@ -129,10 +129,23 @@ def test_validate_drafters_matches_the_trainer(validated_run):
                               verify_temperature=cfg.verify_temperature, progress=False)
     for key in ("al_estimate", "al_estimate_mixture", "top1_mean"):
         np.testing.assert_allclose(got["run"][key], final[key], rtol=1e-4, err_msg=key)
-    table = V.validation_table({"a": got["run"], "b": dict(got["run"], al_estimate=0.0)}, "a")
-    assert "+0.0%" in table and "-100.0%" in table
+    assert len(got["run"]["per_batch"]["al_estimate"]) == 2 and got["run"]["al_estimate_se"] >= 0
+    half = dict(got["run"], per_batch={"al_estimate": [v / 2 for v in
+                                                        got["run"]["per_batch"]["al_estimate"]]})
+    table = V.validation_table({"a": got["run"], "b": half}, "a")
+    assert "+0.0% ± 0.0%" in table and "-50.0% ±" in table
     with pytest.raises(ValueError, match="baseline"):
         V.validation_table(got, "nobody")
+
+
+def test_paired_gain_against_numpy():
+    a = {"per_batch": {"al_estimate": [1.0, 2.0, 3.0]}}
+    b = {"per_batch": {"al_estimate": [1.0, 1.0, 1.0]}}
+    gain, se = V.paired_gain(a, b)
+    assert gain == pytest.approx(100.0)
+    assert se == pytest.approx(100 * np.std([0, 1, 2], ddof=1) / np.sqrt(3))
+    with pytest.raises(ValueError, match="same validation set"):
+        V.paired_gain(a, {"per_batch": {"al_estimate": [1.0]}})
 
 
 def test_cli_validate(tmp_path, capsys):

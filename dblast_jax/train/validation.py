@@ -32,7 +32,8 @@ from dblast_jax.train import batches as batches_lib
 from dblast_jax.train.config import TrainConfig, parse_shard_range
 
 __all__ = ["HELD_OUT_SEED_OFFSET", "VALIDATION_FILE", "make_validation_source",
-           "mean_metrics", "validate_drafters", "read_validation", "validation_table"]
+           "mean_metrics", "paired_gain", "validate_drafters", "read_validation",
+           "validation_table"]
 
 VALIDATION_FILE = "validation.jsonl"
 HELD_OUT_SEED_OFFSET = 1_000_003  # synthetic held-out records: same language, other seed
@@ -64,16 +65,43 @@ def make_validation_source(config: TrainConfig, target_config: TargetConfig,
 
 def mean_metrics(batches: Iterator[Mapping[str, np.ndarray]], num_batches: int,
                  run_batch: Callable[[Mapping[str, np.ndarray], jax.Array], Mapping[str, Any]],
-                 seed: int = 1234) -> dict[str, Any]:
+                 seed: int = 1234, per_batch: bool = False) -> dict[str, Any]:
     """Mean of `run_batch(batch, rng)` over the first `num_batches` batches; the anchor
-    RNG of batch i is fold_in(PRNGKey(seed), i), so every call sees the same anchors."""
+    RNG of batch i is fold_in(PRNGKey(seed), i), so every call sees the same anchors.
+    per_batch: also return the summary metrics of every batch (`per_batch`) and their
+    standard error (`<key>_se`), for paired comparisons of drafters."""
     sums: dict[str, Any] = {}
+    rows: dict[str, list] = {}
     for i in range(num_batches):
         local = next(batches)
         m = jax.device_get(run_batch(local, jax.random.fold_in(jax.random.PRNGKey(seed), i)))
         for k, v in m.items():
             sums[k] = sums.get(k, 0) + np.asarray(v, np.float64)
-    return {k: (v / num_batches).tolist() for k, v in sums.items()}
+            if k in SUMMARY_KEYS:
+                rows.setdefault(k, []).append(float(v))
+    out = {k: (v / num_batches).tolist() for k, v in sums.items()}
+    if per_batch:
+        out["per_batch"] = rows
+        for k, vals in rows.items():
+            out[f"{k}_se"] = (float(np.std(vals, ddof=1) / np.sqrt(len(vals)))
+                              if len(vals) > 1 else float("nan"))
+    return out
+
+
+def paired_gain(results: Mapping[str, Any], base: Mapping[str, Any],
+                key: str = "al_estimate") -> tuple[float, float]:
+    """(relative gain of `key` over `base` in %, its standard error from the per-batch
+    differences): both were measured on the same batches and anchors, so the noise of
+    the data largely cancels."""
+    a = np.asarray(results["per_batch"][key], np.float64)
+    b = np.asarray(base["per_batch"][key], np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"{key}: {a.size} vs {b.size} batches: not the same validation set")
+    mean_b = float(np.mean(b))
+    gain = 100.0 * (float(np.mean(a)) / mean_b - 1.0)
+    se = (100.0 * float(np.std(a - b, ddof=1) / np.sqrt(a.size)) / mean_b
+          if a.size > 1 else float("nan"))
+    return gain, se
 
 
 def validate_drafters(drafters: Mapping[str, Any], target: Any, data: str, *,
@@ -119,7 +147,7 @@ def validate_drafters(drafters: Mapping[str, Any], target: Any, data: str, *,
                 bar.update(1)
             return m
 
-        out[name] = mean_metrics(batcher, num_batches, run_batch, seed)
+        out[name] = mean_metrics(batcher, num_batches, run_batch, seed, per_batch=True)
         out[name]["sequences"] = num_batches * batch_size
     if bar is not None:
         bar.close()
@@ -140,15 +168,28 @@ def validation_table(results: Mapping[str, Mapping[str, Any]],
     """Markdown: one row per drafter, the summary metrics, and the relative gain of the
     expected accepted drafts over `baseline`."""
     keys = [k for k in SUMMARY_KEYS if any(k in r for r in results.values())]
-    head = ["drafter"] + keys + ([f"AL gain vs {baseline}"] if baseline else [])
+    head = ["drafter"] + keys + ([f"AL gain vs {baseline} (paired SE)"] if baseline else [])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    base = results.get(baseline, {}).get("al_estimate") if baseline else None
     if baseline and baseline not in results:
         raise ValueError(f"baseline {baseline!r} is not among {sorted(results)}")
+    base = results[baseline] if baseline else None
+
+    def cell(r, k):
+        if k not in r:
+            return ""
+        se = r.get(f"{k}_se")
+        return f"{r[k]:.4f}" + (f" ± {se:.4f}" if se is not None and np.isfinite(se) else "")
+
     for name, r in results.items():
-        cells = [name] + [f"{r[k]:.4f}" if k in r else "" for k in keys]
-        if baseline:
-            al = r.get("al_estimate")
-            cells.append(f"{100 * (al / base - 1):+.1f}%" if al is not None and base else "")
+        cells = [name] + [cell(r, k) for k in keys]
+        if base is not None:
+            if "per_batch" in r and "per_batch" in base:
+                gain, se = paired_gain(r, base)
+                cells.append(f"{gain:+.1f}% ± {se:.1f}%" if np.isfinite(se) else
+                             f"{gain:+.1f}%")
+            elif r.get("al_estimate") is not None and base.get("al_estimate"):
+                cells.append(f"{100 * (r['al_estimate'] / base['al_estimate'] - 1):+.1f}%")
+            else:
+                cells.append("")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
