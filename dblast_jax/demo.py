@@ -104,7 +104,8 @@ def _train_config(config: DemoConfig, experiment: str, corpus: Path):
         drafter_layers=config.drafter_layers, learning_rate=config.learning_rate,
         verify_temperature=config.verify_temperature, warmup_fraction=0.1,
         checkpoint_every=max(1, config.train_steps // 2), keep_checkpoints=1,
-        seed=config.seed)
+        seed=config.seed,
+        feature_cache=str(Path(corpus).parent / "features"))  # one target pass per record
 
 
 def _summary(config: DemoConfig, results: dict, corpus: dict, seconds: dict) -> str:
