@@ -181,10 +181,11 @@ class Corpus:
         if max_shards:  # a fixed prefix: an experiment stays the same while the corpus grows
             first = [s for s in self.shards if s["index"] < max_shards]
             if len(first) < max_shards - first_shard:
-                raise ValueError(f"corpus {self.folder} has {len(first)} of the "
-                                 f"{max_shards - first_shard} shards {first_shard} .. "
-                                 f"{max_shards - 1} finished; run `dblast data regenerate` "
-                                 "further or choose fewer shards")
+                which = (f"first {max_shards} shards" if not first_shard else
+                         f"{max_shards - first_shard} shards {first_shard} .. {max_shards - 1}")
+                raise ValueError(f"corpus {self.folder} has {len(first)} of the {which} "
+                                 "finished; run `dblast data regenerate` further or choose "
+                                 "fewer shards")
             self.shards = first
         if not self.shards:
             raise ValueError(f"corpus {self.folder} has no finished shard from {first_shard} on")
