@@ -45,6 +45,18 @@ def test_config_accepts_held_out_settings():
     _cfg(data="synthetic", validate_every=10)
 
 
+def test_trainer_data_argument_is_checked_for_overlap(tmp_path):
+    """validation_data names another corpus in the config, but the data handed to the
+    Trainer is that corpus: the overlap with the training shards is still refused."""
+    folder = str(_make_corpus(tmp_path / "c"))
+    cfg = tiny_cfg("tiny_dflash", "data=elsewhere", "data_shards=2", f"validation_data={folder}",
+                   "validation_shards=1:3", "validate_every=2", "verify_temperature=1.0",
+                   "seq_len=24")
+    with pytest.raises(ValueError, match="overlap the training"):
+        TR.Trainer(cfg, str(tmp_path / "w"), target=tiny_target(), data=folder, progress=False)
+    assert not os.path.exists(tmp_path / "w" / "checkpoints")
+
+
 def test_corpus_shard_range(tmp_path):
     folder = _make_corpus(tmp_path)  # shards of 13 / 13 / 11 records; record r starts with r
     tail = corpus_io.Corpus(folder, first_shard=1, max_shards=3)

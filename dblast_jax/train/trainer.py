@@ -568,6 +568,8 @@ class Trainer:
             return None
         if given is not None:
             return given
+        if isinstance(data, str) and data != cfg.data:
+            cfg.replace(data=data)  # the config's held-out checks, against the real data
         if data is not None and not isinstance(data, str) and not cfg.validation_data:
             raise ValueError("validate_every with training data given as an object needs "
                              "held-out data: pass validation_data= or set "
