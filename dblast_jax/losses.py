@@ -348,7 +348,9 @@ def combined_loss(logq: Array, prior_logits: Optional[Array], logp: Optional[Arr
                   ) -> tuple[Array, dict[str, Array]]:
     """loss = mixture NLL + lam * AL surrogate, and metrics (all scalars):
 
-    nll, al_surrogate, al_estimate (mean over valid anchors), predicted_tau (1 + that),
+    nll (the objective's NLL: position-weighted when position_weights is given),
+    block_nll (unweighted mixture NLL per block, comparable across objectives),
+    al_surrogate, al_estimate (mean over valid anchors), predicted_tau (1 + that),
     retained_fraction (retained prefixes / valid prefixes), valid_anchors, lam, tau, loss.
     With logp None only the NLL is used (no target log-probs available)."""
     logq = _check_logq(logq)
@@ -357,8 +359,11 @@ def combined_loss(logq: Array, prior_logits: Optional[Array], logp: Optional[Arr
     anchor_valid = _anchor_valid(pos_mask)
     nll = masked_anchor_mean(
         mixture_nll_per_anchor(logq, prior_logits, pos_mask, position_weights), anchor_valid)
+    # the unweighted mixture NLL, comparable across objectives (== nll without weights)
+    block_nll = nll if position_weights is None else masked_anchor_mean(
+        mixture_nll_per_anchor(logq, prior_logits, pos_mask, None), anchor_valid)
     lam_arr = jnp.asarray(lam, logq.dtype)
-    metrics = {"nll": nll, "lam": lam_arr,
+    metrics = {"nll": nll, "block_nll": block_nll, "lam": lam_arr,
                "valid_anchors": jnp.sum(anchor_valid).astype(jnp.int32)}
     if logp is None:
         metrics["loss"] = nll

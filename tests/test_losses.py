@@ -188,6 +188,21 @@ def test_k1_mixture_nll_is_cross_entropy_sum():
         float(L.dflash_loss(jnp.asarray(logq, jnp.float32), jnp.asarray(mask), 4.0)), rtol=1e-6)
 
 
+def test_combined_loss_reports_unweighted_block_nll():
+    # `nll` is the objective (DFlash-weighted here); `block_nll` stays the plain mixture
+    # NLL, so runs trained with different losses can be compared on one number
+    logq, prior, logp, mask = make_case(0, neg_frac=0.0)  # finite NLL
+    args = f32(logq, prior, logp)
+    w = L.dflash_position_weights(logq.shape[-1], 4.0)
+    _, weighted = L.combined_loss(*args, jnp.asarray(mask), position_weights=w)
+    _, plain = L.combined_loss(*args, jnp.asarray(mask))
+    want = float(L.mixture_nll(args[0], args[1], jnp.asarray(mask)))
+    np.testing.assert_allclose(float(weighted["block_nll"]), want, rtol=1e-6)
+    np.testing.assert_allclose(float(plain["block_nll"]), want, rtol=1e-6)
+    np.testing.assert_allclose(float(plain["nll"]), want, rtol=1e-6)
+    assert abs(float(weighted["nll"]) - want) > 1e-3 * abs(want)
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_al_estimate_matches_numpy(seed):
     logq, prior, logp, mask = make_case(seed)

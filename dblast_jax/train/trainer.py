@@ -755,7 +755,8 @@ class Trainer:
         if jax.process_index() == 0:
             with open(os.path.join(self.workdir, validation_lib.VALIDATION_FILE), "a") as f:
                 f.write(json.dumps(row) + "\n")
-        text = f"validation @ {step}: nll {m['nll']:.3f}, top-1 {m['top1_mean']:.3f}"
+        text = (f"validation @ {step}: block nll {m.get('block_nll', m['nll']):.3f}, "
+                f"top-1 {m['top1_mean']:.3f}")
         if "al_estimate" in m:
             text += (f", expected accepted {m['al_estimate']:.3f} (mixture "
                      f"{m['al_estimate_mixture']:.3f})")
