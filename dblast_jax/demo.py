@@ -61,6 +61,9 @@ class DemoConfig:
     # extra NAME=FOLDER[@settings] drafters evaluated beside the freshly trained ones
     # (e.g. a drafter committed to the repository or fetched by a documented command)
     extra_drafters: tuple[str, ...] = ()
+    # also evaluate the drafters shipped in the repository for this target
+    # (pretrained/manifest.json: the reproduction's drafters, trained with a real budget)
+    pretrained: bool = True
     seed: int = 0
 
     @classmethod
@@ -108,13 +111,18 @@ def _train_config(config: DemoConfig, experiment: str, corpus: Path):
         feature_cache=str(Path(corpus).parent / "features"))  # one target pass per record
 
 
-def _summary(config: DemoConfig, results: dict, corpus: dict, seconds: dict) -> str:
+def _summary(config: DemoConfig, results: dict, corpus: dict, seconds: dict,
+             shipped: Optional[dict] = None) -> str:
     from dblast_jax.evaluate import table_markdown
     tables = results["tables"]
     lines = [SMALL_BUDGET_NOTE.format(steps=config.train_steps, sequences=corpus["sequences"],
-                                      prompts=config.eval_prompts), "",
-             "tau (accepted drafts + 1 per target pass; higher is better):",
-             table_markdown(tables["tau"]), ""]
+                                      prompts=config.eval_prompts), ""]
+    if shipped:
+        lines += [f"{name}: shipped in pretrained/, not trained by this demo: "
+                  f"{entry.get('description', '')}" for name, entry in shipped.items()]
+        lines.append("")
+    lines += ["tau (accepted drafts + 1 per target pass; higher is better):",
+              table_markdown(tables["tau"]), ""]
     if "speedup" in tables:
         lines += ["speedup over plain decoding, this machine, same run:",
                   table_markdown(tables["speedup"]), ""]
@@ -130,7 +138,9 @@ def run_demo(config: DemoConfig = DemoConfig(), workdir: str | Path = "dblast_de
     from dblast_jax.data.regenerate import (RegenConfig, encode_work, regenerate,
                                             training_work)
     from dblast_jax.evaluate import run_evaluation
-    from dblast_jax.generation import load_drafter, load_target, named_drafters
+    from dblast_jax import pretrained as pretrained_lib
+    from dblast_jax.generation import (drafter_from_spec, load_drafter, load_target,
+                                       named_drafters)
     from dblast_jax.train.trainer import train
 
     unknown = set(config.benchmarks) - set(BENCHMARKS)
@@ -204,6 +214,10 @@ def run_demo(config: DemoConfig = DemoConfig(), workdir: str | Path = "dblast_de
     for name, drafter in drafters.items():
         drafter.name = name
     drafters.update(named_drafters(list(config.extra_drafters), target))
+    shipped = pretrained_lib.available(config.model) if config.pretrained else {}
+    for name, entry in shipped.items():
+        log(f"-- pretrained drafter {name}: {entry.get('description', '')}")
+        drafters[name] = drafter_from_spec(pretrained_lib.PREFIX + name, target)
     results = run_evaluation(
         target, drafters, benchmarks=config.benchmarks, temperatures=config.temperatures,
         prompts_per_benchmark=config.eval_prompts, max_new_tokens=config.eval_new_tokens,
@@ -211,7 +225,7 @@ def run_demo(config: DemoConfig = DemoConfig(), workdir: str | Path = "dblast_de
     seconds["evaluate"] = time.perf_counter() - t0
     seconds["total"] = time.perf_counter() - t_all
 
-    summary = _summary(config, results, corpus, seconds)
+    summary = _summary(config, results, corpus, seconds, shipped)
     (work / "SUMMARY.md").write_text(summary + "\n")
     log("\n" + summary)
     log(f"\nplots: {', '.join(str(p) for p in sorted((work / 'eval').glob('*.png')))}")

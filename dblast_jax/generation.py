@@ -228,7 +228,20 @@ def load_drafter(path: str | os.PathLike, target: Target, dtype=jnp.float32) -> 
 
 
 def drafter_from_spec(spec: str, target: Target, dtype=jnp.float32) -> Drafter:
-    """A drafter folder, or `random` / `random-kN` (untrained: shows the overhead floor)."""
+    """A drafter folder, `pretrained:NAME` (a drafter shipped in the repository, checked
+    by sha256), or `random` / `random-kN` (untrained: shows the overhead floor)."""
+    from dblast_jax import pretrained
+    if pretrained.is_pretrained_spec(spec):
+        from dblast_jax.io import presets
+        name = spec[len(pretrained.PREFIX):]
+        # a preset-loaded target must be the one the drafter was trained for; a target
+        # loaded from a file path is checked by shape when the weights load
+        known = target.name in presets.PRESETS or target.name in TINY_PRESETS or (
+            target.name in presets.TINY_TOKENIZER_PRESETS)
+        folder = pretrained.pretrained_folder(name, target=target.name if known else None)
+        drafter = load_drafter(folder, target, dtype)
+        drafter.name = name
+        return drafter
     if spec.startswith("random"):
         from dblast_jax.config import DrafterConfig
         k = int(spec.split("-k")[1]) if "-k" in spec else 1

@@ -8,11 +8,28 @@ from dblast_jax import cli
 from dblast_jax.demo import DemoConfig, parse_demo_overrides, run_demo
 
 
-def test_tiny_demo_end_to_end_and_resume(tmp_path):
+def _ship_random_drafter(root, target_name: str, block_size: int) -> str:
+    """A pretrained/ tree with one (untrained) drafter for `target_name`."""
+    from dblast_jax import pretrained
+    from dblast_jax.config import DrafterConfig
+    from dblast_jax.generation import export_drafter, init_drafter, load_target
+    target = load_target(target_name)
+    config = DrafterConfig.for_target(target.config, num_layers=1, block_size=block_size,
+                                      num_categories=2)
+    export = export_drafter(init_drafter(target, config, 0), root / "export", dtype="bfloat16")
+    pretrained.add_pretrained("tiny-shipped", export, target=target_name, root=root / "p",
+                              info={"description": "an untrained test drafter"})
+    return str(root / "p")
+
+
+def test_tiny_demo_end_to_end_and_resume(tmp_path, monkeypatch):
     """The whole pipeline on a tiny random model with SmolLM2's tokenizer and the real
-    benchmark / training-pool files; a rerun resumes every stage and changes nothing."""
+    benchmark / training-pool files; a rerun resumes every stage and changes nothing.
+    A drafter shipped in pretrained/ for the demo's target is evaluated beside them."""
     work = tmp_path / "demo"
     config = DemoConfig.tiny()
+    monkeypatch.setenv("DBLAST_PRETRAINED_DIR",
+                       _ship_random_drafter(tmp_path, config.model, config.block_size))
     logs = []
     result = run_demo(config, work, progress=False, log=logs.append)
 
@@ -24,7 +41,7 @@ def test_tiny_demo_end_to_end_and_resume(tmp_path):
         metrics = (work / name / "metrics.jsonl").read_text().splitlines()
         assert json.loads(metrics[-1])["step"] == config.train_steps
     cells = result.results["cells"]
-    methods = {"plain"} | {n for n, _ in config.drafters}
+    methods = {"plain", "tiny-shipped"} | {n for n, _ in config.drafters}
     want = {(m, b, t) for m in methods for b in config.benchmarks for t in config.temperatures}
     assert {(c["method"], c["benchmark"], float(c["temperature"])) for c in cells} == want
     for c in cells:
@@ -32,6 +49,7 @@ def test_tiny_demo_end_to_end_and_resume(tmp_path):
             assert 1.0 <= c["tau"] <= config.block_size and c["steps"] > 0
     assert len(list((work / "eval").glob("*.png"))) == 3
     assert "SMALL-BUDGET DEMO" in result.summary and "| dblast_k4 |" in result.summary
+    assert "tiny-shipped: shipped in pretrained/" in result.summary
     assert (work / "SUMMARY.md").read_text().strip() == result.summary.strip()
     assert any("corpus:" in line for line in logs)
 

@@ -1,0 +1,129 @@
+"""Trained drafters that ship with the repository (`pretrained/`), checked by sha256.
+
+There is no model hub to fetch from, so the drafters of the SmolLM2 reproduction are
+committed as bfloat16 exports (the DFlash layout: config.json + model.safetensors) under
+`pretrained/<target>/<name>/`, listed in `pretrained/manifest.json` with each file's
+sha256 and how the drafter was trained. Anywhere a drafter folder is accepted
+(`dblast generate --drafter`, `dblast eval --drafter NAME=...`, `dblast validate`), the
+spec `pretrained:NAME` resolves here, after the checksums are verified; `dblast demo`
+evaluates the ones made for its target beside the drafters it trains.
+
+The folder is found beside the package (a clone installed with `pip install -e .`) or at
+`$DBLAST_PRETRAINED_DIR`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+__all__ = ["PREFIX", "MANIFEST", "pretrained_root", "read_manifest", "available",
+           "pretrained_folder", "is_pretrained_spec", "add_pretrained"]
+
+PREFIX = "pretrained:"
+MANIFEST = "manifest.json"
+ENV_VAR = "DBLAST_PRETRAINED_DIR"
+
+
+def pretrained_root(root: Optional[str | os.PathLike] = None) -> Path:
+    """`root`, else $DBLAST_PRETRAINED_DIR, else the repository's `pretrained/`."""
+    if root is not None:
+        return Path(root)
+    if os.environ.get(ENV_VAR):
+        return Path(os.environ[ENV_VAR])
+    return Path(__file__).resolve().parents[1] / "pretrained"
+
+
+def read_manifest(root: Optional[str | os.PathLike] = None) -> dict[str, Any]:
+    """The manifest ({"drafters": {name: entry}}); an empty one when there is none
+    (e.g. a non-editable install, which does not carry the repository's files)."""
+    path = pretrained_root(root) / MANIFEST
+    if not path.exists():
+        return {"drafters": {}}
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"pretrained manifest {path} is not valid JSON: {e}") from e
+    if not isinstance(data.get("drafters"), dict):
+        raise ValueError(f"pretrained manifest {path} has no 'drafters' mapping")
+    return data
+
+
+def available(target: Optional[str] = None,
+              root: Optional[str | os.PathLike] = None) -> dict[str, dict[str, Any]]:
+    """name -> manifest entry, only those made for `target` (a preset name) when given."""
+    drafters = read_manifest(root)["drafters"]
+    return {name: entry for name, entry in drafters.items()
+            if target is None or entry.get("target") == target}
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def pretrained_folder(name: str, root: Optional[str | os.PathLike] = None, *,
+                      target: Optional[str] = None, verify: bool = True) -> Path:
+    """The export folder of the pretrained drafter `name`, its files checked against the
+    manifest's sha256 (a truncated or altered file is refused, never loaded). `target`
+    (a preset name) refuses a drafter made for another target model."""
+    base = pretrained_root(root)
+    drafters = read_manifest(root)["drafters"]
+    if name not in drafters:
+        known = ", ".join(sorted(drafters)) or f"none (no {base / MANIFEST})"
+        raise ValueError(f"unknown pretrained drafter {name!r}; available: {known}")
+    entry = drafters[name]
+    if target is not None and entry.get("target") != target:
+        raise ValueError(f"pretrained drafter {name!r} was trained for target "
+                         f"{entry.get('target')!r}, not {target!r}")
+    folder = base / entry["folder"]
+    if verify:
+        for file, want in entry["files"].items():
+            path = folder / file
+            if not path.exists():
+                raise FileNotFoundError(f"pretrained drafter {name!r}: {path} is missing "
+                                        "(restore it with `git checkout -- pretrained`)")
+            got = _sha256(path)
+            if got != want:
+                raise ValueError(f"pretrained drafter {name!r}: sha256 of {path} is {got}, "
+                                 f"the manifest says {want} (corrupt or replaced file; "
+                                 "restore it with `git checkout -- pretrained`)")
+    return folder
+
+
+def is_pretrained_spec(spec: str) -> bool:
+    return spec.startswith(PREFIX)
+
+
+def add_pretrained(name: str, export_folder: str | os.PathLike, *, target: str,
+                   info: Mapping[str, Any], root: Optional[str | os.PathLike] = None,
+                   folder: Optional[str] = None) -> Path:
+    """Copy an export folder into the pretrained tree and record it (sha256 of every file,
+    `info`: how it was trained) in the manifest, written atomically."""
+    src = Path(export_folder)
+    files = sorted(p.name for p in src.iterdir() if p.is_file())
+    if "config.json" not in files or not any(f.endswith(".safetensors") for f in files):
+        raise ValueError(f"{src} is not a drafter export (config.json + *.safetensors)")
+    base = pretrained_root(root)
+    rel = folder or f"{target}/{name}"
+    dest = base / rel
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in files:
+        shutil.copyfile(src / f, dest / f)
+    manifest = read_manifest(root)
+    manifest["drafters"][name] = {"target": target, "folder": rel, **dict(info),
+                                  "files": {f: _sha256(dest / f) for f in files}}
+    fd, tmp = tempfile.mkstemp(dir=base, prefix=".manifest.")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(manifest, fh, indent=2, sort_keys=True)
+        fh.write("\n")
+    os.replace(tmp, base / MANIFEST)
+    return dest
