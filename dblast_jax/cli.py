@@ -108,12 +108,13 @@ def _cmd_export(args) -> int:
         config = TrainConfig.from_dict(read_train_config(args.source))
         trainer = Trainer(config, args.source, progress=False)
         try:
-            path = trainer.export(args.out)
+            path = trainer.export(args.out, dtype=args.dtype)
         finally:
             trainer.close()
     else:  # an existing export / DFlash folder: re-export (e.g. to bfloat16)
         target = load_target(args.target)
-        path = export_drafter(load_drafter(args.source, target), args.out, dtype=args.dtype)
+        path = export_drafter(load_drafter(args.source, target), args.out,
+                              dtype=args.dtype or "float32")
     print(f"exported drafter to {path}")
     return 0
 
@@ -219,7 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.add_argument("--target", default="smollm2-135m-instruct",
                    help="the drafter's target (needed for a drafter folder)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
+                   help="weights' dtype (default: the training dtype, float32 for a folder)")
     p.set_defaults(func=_cmd_export)
 
     p = sub.add_parser("eval", help="tau / speedup across benchmarks and temperatures")

@@ -88,6 +88,13 @@ def test_cli_train_resume_and_export_round_trip(tmp_path, capsys):
     assert cli.main(["export", workdir, "--out", out]) == 0
     drafter = dj.load_drafter(out, dj.load_target("tiny-llama"))
     assert drafter.config.block_size >= 2
+    assert json.loads(open(f"{out}/config.json").read())["torch_dtype"] == "float32"
+    # --dtype applies to a workdir as well (it was silently ignored there)
+    assert cli.main(["export", workdir, "--out", out + "_bf16", "--dtype", "bfloat16"]) == 0
+    assert json.loads(open(f"{out}_bf16/config.json").read())["torch_dtype"] == "bfloat16"
+    half = dj.load_drafter(out + "_bf16", dj.load_target("tiny-llama"))
+    for a, b in zip(jax.tree.leaves(half.params), jax.tree.leaves(drafter.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-2, atol=1e-2)
 
 
 def test_cli_eval_needs_named_drafters(capsys):

@@ -793,8 +793,9 @@ class Trainer:
         from jax.experimental import multihost_utils
         return multihost_utils.process_allgather(self.state.params, tiled=True)
 
-    def export(self, folder: str) -> Optional[str]:
-        """Write the drafter in DFlash format (dblast_jax.io.dflash), primary process only."""
+    def export(self, folder: str, dtype: Optional[str] = None) -> Optional[str]:
+        """Write the drafter in DFlash format (dblast_jax.io.dflash), primary process only;
+        dtype 'float32' / 'bfloat16' (default: the training parameters' dtype)."""
         try:
             from dblast_jax.io.dflash import export_drafter
         except ImportError as e:  # the export module is optional
@@ -803,7 +804,7 @@ class Trainer:
         params = self.params_host()
         if jax.process_index() == 0:
             export_drafter(params, self.drafter_config, folder,
-                           dtype=self.config.param_dtype)
+                           dtype=dtype or self.config.param_dtype)
             self.log(f"exported drafter to {folder}")
         if jax.process_count() > 1:
             from jax.experimental import multihost_utils
