@@ -144,7 +144,8 @@ def _cmd_validate(args) -> int:
     import jax.numpy as jnp
 
     from dblast_jax.generation import load_target, named_drafters, parse_drafter_spec
-    from dblast_jax.train.validation import validate_drafters, validation_table
+    from dblast_jax.train.validation import (plot_prefix_acceptance, validate_drafters,
+                                             validation_table)
 
     for spec in args.drafter:
         if parse_drafter_spec(spec)[2]:
@@ -167,7 +168,8 @@ def _cmd_validate(args) -> int:
             json.dump(record, f, indent=1)
         with open(os.path.join(args.out, "validation.md"), "w") as f:
             f.write(table + "\n")
-        print(f"written to {args.out}/validation.json and validation.md")
+        plot_prefix_acceptance(results, os.path.join(args.out, "prefix_acceptance.png"))
+        print(f"written to {args.out}/validation.json, validation.md, prefix_acceptance.png")
     return 0
 
 

@@ -281,15 +281,23 @@ def log_prefix_weights(logq: Array, logp: Array, mask=None) -> tuple[Array, Arra
     return log_w, prefix_valid
 
 
+def prefix_acceptance(logq: Array, prior_logits: Optional[Array], logp: Array,
+                      mask=None) -> Array:
+    """Per-anchor sum_z pi_z W_{z,k}: the probability that the first k drafts are all
+    accepted, k = 1..P  [B, A, P] (0 where the prefix is not real). Where along the block
+    a drafter loses acceptance; its sum over k is `al_estimate`."""
+    log_w, _ = log_prefix_weights(logq, logp, mask)
+    b, a, k, _ = log_w.shape
+    log_pi = _log_prior(prior_logits, (b, a, k), log_w.dtype)
+    return jnp.sum(jnp.exp(log_pi[..., None] + log_w), axis=-2)
+
+
 def al_estimate(logq: Array, prior_logits: Optional[Array], logp: Array, mask=None) -> Array:
     """Per-anchor AL_hat = sum_z pi_z sum_k W_{z,k}  [B, A] (0 for invalid anchors).
 
     Unbiased for the expected number of accepted drafts under `sampled-branch` verification
     when the data block x* is drawn from the target at the verify temperature."""
-    log_w, _ = log_prefix_weights(logq, logp, mask)
-    b, a, k, _ = log_w.shape
-    log_pi = _log_prior(prior_logits, (b, a, k), log_w.dtype)
-    return jnp.sum(jnp.exp(log_pi[..., None] + log_w), axis=(-2, -1))
+    return jnp.sum(prefix_acceptance(logq, prior_logits, logp, mask), axis=-1)
 
 
 def predicted_tau(al_hat: Array) -> Array:

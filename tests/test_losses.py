@@ -212,6 +212,12 @@ def test_al_estimate_matches_numpy(seed):
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-7)
     assert float(got[-1, -1]) == 0.0  # fully invalid anchor
     np.testing.assert_allclose(np.asarray(L.predicted_tau(got)), 1 + want, rtol=1e-5)
+    # per prefix length: sum_z pi_z W_{z,k}, by brute force
+    w = ref_prefix_weights(logq, logp, mask)
+    want_prefix = np.array([[ref_softmax(prior[b, a]) @ w[b, a] for a in range(w.shape[1])]
+                            for b in range(w.shape[0])])
+    got_prefix = L.prefix_acceptance(*f32(logq, prior, logp), jnp.asarray(mask))
+    np.testing.assert_allclose(np.asarray(got_prefix), want_prefix, rtol=1e-5, atol=1e-7)
 
 
 def test_al_estimate_special_values():

@@ -279,6 +279,19 @@ def test_prior_diagnostics(runs):
             assert row["prior_entropy"] > 0.1, row["branch_usage"]
 
 
+def test_prefix_acceptance_adds_up_to_the_al_estimates(runs):
+    """accept_prefix[k] = P(first k drafts accepted): non-increasing in k, in [0, 1], and
+    summing to the expected accepted drafts of the same rows (both verify modes)."""
+    for name in ("tiny_dflash", "tiny_dblast_k4_al"):
+        for row in runs[name]["result"].history[::50]:
+            for key, total in (("accept_prefix", "al_estimate"),
+                               ("accept_prefix_mixture", "al_estimate_mixture")):
+                acc = np.asarray(row[key])
+                assert np.all((acc >= -1e-7) & (acc <= 1 + 1e-6)), acc
+                assert np.all(np.diff(acc) <= 1e-6), acc
+                assert acc.sum() == pytest.approx(row[total], rel=1e-4, abs=1e-6)
+
+
 def test_export_is_the_trained_drafter(runs):
     from dblast_jax.io.dflash import load_dflash
     run = runs["tiny_dblast_k4_al"]

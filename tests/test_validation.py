@@ -170,6 +170,12 @@ def test_cli_validate(tmp_path, capsys):
     record = json.loads((out / "validation.json").read_text())
     assert set(record["results"]) == {"k1", "k2"}
     assert "| k2 |" in (out / "validation.md").read_text()
+    for r in record["results"].values():  # per draft position, summing to the estimates
+        assert len(r["accept_prefix"]) == 7  # block size 8 (random drafters)
+        assert sum(r["accept_prefix"]) == pytest.approx(r["al_estimate"], rel=1e-4, abs=1e-7)
+        assert sum(r["accept_prefix_mixture"]) == pytest.approx(r["al_estimate_mixture"],
+                                                                rel=1e-4, abs=1e-7)
+    assert (out / "prefix_acceptance.png").stat().st_size > 1000
     assert cli.main(["validate", "--model", "tiny-llama", "--drafter",
                      "k1=random@mode=mixture", "--data", "synthetic"]) == 1
     assert "do not apply" in capsys.readouterr().err

@@ -33,7 +33,7 @@ from dblast_jax.train.config import TrainConfig, parse_shard_range
 
 __all__ = ["HELD_OUT_SEED_OFFSET", "VALIDATION_FILE", "make_validation_source",
            "mean_metrics", "paired_gain", "validate_drafters", "read_validation",
-           "validation_table"]
+           "validation_table", "plot_prefix_acceptance"]
 
 VALIDATION_FILE = "validation.jsonl"
 HELD_OUT_SEED_OFFSET = 1_000_003  # synthetic held-out records: same language, other seed
@@ -193,3 +193,33 @@ def validation_table(results: Mapping[str, Mapping[str, Any]],
                 cells.append("")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def plot_prefix_acceptance(results: Mapping[str, Mapping[str, Any]], out: str) -> str:
+    """PNG: P(first k drafts accepted) against k for every drafter, `sampled-branch` solid
+    and `mixture` dashed (K > 1 only): where along the block each drafter loses."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for i, (name, r) in enumerate(results.items()):
+        if "accept_prefix" not in r:
+            continue
+        color = f"C{i % 10}"
+        acc = np.asarray(r["accept_prefix"])
+        ks = np.arange(1, acc.size + 1)
+        ax.plot(ks, acc, "-o", color=color, ms=3, label=f"{name} ({r['al_estimate']:.3f})")
+        mix = np.asarray(r.get("accept_prefix_mixture", acc))
+        if not np.allclose(mix, acc):
+            ax.plot(ks, mix, "--", color=color,
+                    label=f"{name}, mixture ({r['al_estimate_mixture']:.3f})")
+    ax.set_yscale("log")
+    ax.set_xlabel("k (draft position)")
+    ax.set_ylabel("P(first k drafts accepted)")
+    ax.set_title("held-out prefix acceptance (legend: expected accepted drafts)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
