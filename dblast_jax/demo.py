@@ -57,7 +57,7 @@ class DemoConfig:
     benchmarks: tuple[str, ...] = BENCHMARKS
     temperatures: tuple[float, ...] = (0.7, 1.0, 1.5)
     eval_prompts: int = 2
-    eval_new_tokens: int = 64
+    eval_new_tokens: int = 48  # 64 before pretrained drafters joined (~15 min in all)
     # extra NAME=FOLDER[@settings] drafters evaluated beside the freshly trained ones
     # (e.g. a drafter committed to the repository or fetched by a documented command)
     extra_drafters: tuple[str, ...] = ()
