@@ -62,7 +62,7 @@ class DemoConfig:
     # (e.g. a drafter committed to the repository or fetched by a documented command)
     extra_drafters: tuple[str, ...] = ()
     # also evaluate the drafters shipped in the repository for this target
-    # (pretrained/manifest.json: the reproduction's drafters, trained with a real budget)
+    # (pretrained/manifest.json: the reproduction's drafters, 1,000 steps on the full corpus)
     pretrained: bool = True
     seed: int = 0
 

@@ -27,8 +27,13 @@ def test_plot_curves_from_workdirs(tmp_path):
                                                             for r in held))
     series = curves.run_series(tmp_path / "a")
     assert [p[0] for p in series["al_estimate"][1]] == [10, 20, 30]
-    assert series["al_estimate"][1][-1] == (30, 0.3) and len(series["loss"][0]) == 30
-    assert curves.run_series(tmp_path / "b")["loss"][1] == []  # no validation: no points
+    assert series["al_estimate"][1][-1] == (30, 0.3) and len(series["block_nll"][0]) == 30
+    assert curves.run_series(tmp_path / "b")["block_nll"][1] == []  # no validation: no points
+    # a run that logs block_nll plots it; older runs fall back to their objective
+    assert series["block_nll"][0][0] == (1, 9.9)
+    rows = [{"step": 1, "loss": 5.0, "block_nll": 3.0}]
+    (tmp_path / "b" / "metrics.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    assert curves.run_series(tmp_path / "b")["block_nll"][0] == [(1, 3.0)]
     out = curves.main([str(tmp_path / "a"), str(tmp_path / "b"), "--out",
                        str(tmp_path / "c.png")])
     assert out == 0 and (tmp_path / "c.png").stat().st_size > 1000

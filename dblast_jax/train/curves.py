@@ -2,7 +2,8 @@
 
     python -m dblast_jax.train.curves runs/a runs/b --out curves.png
 
-Loss, top-1 agreement with the data and the AL estimate (expected accepted drafts under
+The unweighted mixture NLL per block (comparable across losses), top-1 agreement with
+the data and the AL estimate (expected accepted drafts under
 `sampled-branch` verification at T_v) against the step, one line per run, smoothed
 with a trailing mean so that short noisy runs can be compared by eye. Runs that
 validated (`validate_every`) add their held-out points (validation.jsonl) as dashed
@@ -18,8 +19,10 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-PANELS = (("loss", "objective (scale differs by loss type)"), ("top1_mean", "top-1 agreement"),
+PANELS = (("block_nll", "mixture NLL per block (nats)"), ("top1_mean", "top-1 agreement"),
           ("al_estimate", "AL estimate (accepted drafts)"))
+# runs logged before `block_nll` existed show their objective in that panel instead
+FALLBACK = {"block_nll": "loss"}
 
 
 def read_metrics(workdir: str | Path) -> list[dict]:
@@ -51,8 +54,12 @@ def run_series(workdir: str | Path) -> dict[str, tuple[list, list]]:
     """{panel key: ([(step, training value)], [(step, held-out value)])} of one run."""
     from dblast_jax.train.validation import read_validation
     rows, held = read_metrics(workdir), read_validation(str(workdir))
-    return {key: ([(r["step"], r[key]) for r in rows if key in r],
-                  [(r["step"], r[key]) for r in held if key in r]) for key, _ in PANELS}
+    out = {}
+    for key, _ in PANELS:
+        src = key if any(key in r for r in rows) else FALLBACK.get(key, key)
+        out[key] = ([(r["step"], r[src]) for r in rows if src in r],
+                    [(r["step"], r[src]) for r in held if src in r])
+    return out
 
 
 def plot_curves(workdirs: Sequence[str | Path], out: str | Path, window: int = 20,
