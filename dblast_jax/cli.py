@@ -7,7 +7,7 @@
     dblast data fetch | regenerate | stats    # benchmarks, training corpora, corpus report
     dblast train --experiment NAME --workdir DIR; dblast export DIR --out FOLDER
     dblast eval --drafter base=DIR --drafter k4=DIR --baseline base
-    dblast demo                               # the whole pipeline, ~15 min on a laptop CPU
+    dblast demo                               # the whole pipeline, ~11 min on a laptop CPU
 """
 
 from __future__ import annotations
@@ -266,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="folder for validation.json / validation.md")
     p.set_defaults(func=_cmd_validate)
 
-    p = sub.add_parser("demo", help="the whole pipeline on an embedded default (~15 min "
+    p = sub.add_parser("demo", help="the whole pipeline on an embedded default (~11 min "
                        "on a laptop CPU): corpus, K=1 and K=4 drafters, evaluation, plots")
     p.add_argument("--workdir", default="dblast_demo", help="resumable output folder")
     p.add_argument("--tiny", action="store_true",
