@@ -108,14 +108,14 @@ def _cmd_export(args) -> int:
         config = TrainConfig.from_dict(read_train_config(args.source))
         trainer = Trainer(config, args.source, progress=False)
         try:
-            path = trainer.export(args.out, dtype=args.dtype)
+            trainer.export(args.out, dtype=args.dtype)  # logs "exported drafter to ..."
         finally:
             trainer.close()
     else:  # an existing export / DFlash folder: re-export (e.g. to bfloat16)
         target = load_target(args.target)
         path = export_drafter(load_drafter(args.source, target), args.out,
                               dtype=args.dtype or "float32")
-    print(f"exported drafter to {path}")
+        print(f"exported drafter to {path}")
     return 0
 
 

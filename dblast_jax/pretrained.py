@@ -71,7 +71,7 @@ def _sha256(path: Path) -> str:
 
 
 def pretrained_folder(name: str, root: Optional[str | os.PathLike] = None, *,
-                      target: Optional[str] = None, verify: bool = True) -> Path:
+                      target: Optional[str] = None) -> Path:
     """The export folder of the pretrained drafter `name`, its files checked against the
     manifest's sha256 (a truncated or altered file is refused, never loaded). `target`
     (a preset name) refuses a drafter made for another target model."""
@@ -85,17 +85,16 @@ def pretrained_folder(name: str, root: Optional[str | os.PathLike] = None, *,
         raise ValueError(f"pretrained drafter {name!r} was trained for target "
                          f"{entry.get('target')!r}, not {target!r}")
     folder = base / entry["folder"]
-    if verify:
-        for file, want in entry["files"].items():
-            path = folder / file
-            if not path.exists():
-                raise FileNotFoundError(f"pretrained drafter {name!r}: {path} is missing "
-                                        "(restore it with `git checkout -- pretrained`)")
-            got = _sha256(path)
-            if got != want:
-                raise ValueError(f"pretrained drafter {name!r}: sha256 of {path} is {got}, "
-                                 f"the manifest says {want} (corrupt or replaced file; "
-                                 "restore it with `git checkout -- pretrained`)")
+    for file, want in entry["files"].items():
+        path = folder / file
+        if not path.exists():
+            raise FileNotFoundError(f"pretrained drafter {name!r}: {path} is missing "
+                                    "(restore it with `git checkout -- pretrained`)")
+        got = _sha256(path)
+        if got != want:
+            raise ValueError(f"pretrained drafter {name!r}: sha256 of {path} is {got}, "
+                             f"the manifest says {want} (corrupt or replaced file; "
+                             "restore it with `git checkout -- pretrained`)")
     return folder
 
 
@@ -104,8 +103,8 @@ def is_pretrained_spec(spec: str) -> bool:
 
 
 def add_pretrained(name: str, export_folder: str | os.PathLike, *, target: str,
-                   info: Mapping[str, Any], root: Optional[str | os.PathLike] = None,
-                   folder: Optional[str] = None) -> Path:
+                   info: Mapping[str, Any], root: Optional[str | os.PathLike] = None
+                   ) -> Path:
     """Copy an export folder into the pretrained tree and record it (sha256 of every file,
     `info`: how it was trained) in the manifest, written atomically."""
     src = Path(export_folder)
@@ -113,7 +112,7 @@ def add_pretrained(name: str, export_folder: str | os.PathLike, *, target: str,
     if "config.json" not in files or not any(f.endswith(".safetensors") for f in files):
         raise ValueError(f"{src} is not a drafter export (config.json + *.safetensors)")
     base = pretrained_root(root)
-    rel = folder or f"{target}/{name}"
+    rel = f"{target}/{name}"
     dest = base / rel
     dest.mkdir(parents=True, exist_ok=True)
     for f in files:

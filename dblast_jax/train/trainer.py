@@ -254,9 +254,6 @@ def loss_terms(dparams: Params, tparams: Params, batch: Mapping[str, Array], rng
         # which is linear in pi, so no mixture beats its best branch there.
         sg = lax.stop_gradient
         log_q_mix = mixture_conditional_logq(sg(logq), sg(prior_logits), pos_mask)
-        per = losses.al_estimate(log_q_mix[:, :, None, :], None, logp_block, pos_mask)
-        metrics["al_estimate_mixture"] = losses.masked_anchor_mean(per,
-                                                                   jnp.any(pos_mask, axis=-1))
         # P(first k drafts accepted), k = 1..P, averaged over valid anchors: where along
         # the block acceptance is lost (sums to al_estimate / al_estimate_mixture)
         anchor_w = jnp.any(pos_mask, axis=-1).astype(jnp.float32)[..., None]
@@ -265,6 +262,7 @@ def loss_terms(dparams: Params, tparams: Params, batch: Mapping[str, Array], rng
                                ("accept_prefix_mixture", log_q_mix[:, :, None, :], None)):
             acc = losses.prefix_acceptance(lq, prior, logp_block, pos_mask)
             metrics[key] = jnp.sum(acc.astype(jnp.float32) * anchor_w, axis=(0, 1)) / n_anchor
+        metrics["al_estimate_mixture"] = jnp.sum(metrics["accept_prefix_mixture"])
 
     # -- per-position top-1 agreement, prior-weighted over branches
     pi = jax.nn.softmax(lax.stop_gradient(prior_logits), axis=-1)  # [B, A, K]
