@@ -143,14 +143,10 @@ def _cmd_validate(args) -> int:
 
     import jax.numpy as jnp
 
-    from dblast_jax.generation import load_target, named_drafters, parse_drafter_spec
+    from dblast_jax.generation import load_target, named_drafters
     from dblast_jax.train.validation import (plot_prefix_acceptance, validate_drafters,
                                              validation_table)
 
-    for spec in args.drafter:
-        if parse_drafter_spec(spec)[2]:
-            raise ValueError(f"drafter {spec!r}: '@' settings do not apply to validation "
-                             "(it reports both sampled-branch and mixture acceptance)")
     target = load_target(args.model)
     drafters = named_drafters(args.drafter, target, jnp.float32)
     results = validate_drafters(
@@ -250,7 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "per block from stored target log-probs; no generation)")
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--drafter", action="append", required=True,
-                   help="NAME=FOLDER or NAME=pretrained:NAME (repeatable)")
+                   help="NAME=FOLDER or NAME=pretrained:NAME (repeatable); "
+                        "NAME=FOLDER@zt=0.5 scores it with category temperature Z_T")
     p.add_argument("--data", required=True,
                    help="held-out data: a corpus folder (with --shards), .jsonl or 'synthetic'")
     p.add_argument("--shards", default="",

@@ -179,3 +179,52 @@ def test_cli_validate(tmp_path, capsys):
     assert cli.main(["validate", "--model", "tiny-llama", "--drafter",
                      "k1=random@mode=mixture", "--data", "synthetic"]) == 1
     assert "do not apply" in capsys.readouterr().err
+
+
+def test_category_temperature_scales_the_branch_weights():
+    """`NAME=DIR@zt=X`: validation scores the drafter with pi' = softmax(prior / Z_T);
+    Z_T = 1 changes nothing, a huge Z_T is the uniform prior, other settings are refused."""
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+
+    from dblast_jax.generation import drafter_from_spec
+    from dblast_jax.models.drafter import tempered_prior_params
+    tcfg, tparams, name = tiny_target()
+    target = Target(tcfg, tparams, None, name)
+    base = drafter_from_spec("random-k3", target)
+    kernel = base.params["prior"]["kernel"]
+    prior = {"kernel": 3.0 * jax.random.normal(jax.random.key(1), kernel.shape, kernel.dtype),
+             "bias": jnp.asarray([2.0, -1.0, 0.0], kernel.dtype)}
+    # branches far apart (a random expander barely separates them) and a skewed prior
+    expander = dict(base.params["expander"],
+                    out_kernel=30.0 * base.params["expander"]["out_kernel"])
+    base = dataclasses.replace(base, params={**base.params, "expander": expander})
+    skewed = dataclasses.replace(base, params={**base.params, "prior": prior})
+    scaled = tempered_prior_params(skewed.params, 0.5)["prior"]
+    np.testing.assert_allclose(scaled["kernel"], 2.0 * prior["kernel"], rtol=1e-6)
+    np.testing.assert_allclose(scaled["bias"], [4.0, -2.0, 0.0], rtol=1e-6)
+    k1 = drafter_from_spec("random", target)
+    assert tempered_prior_params(k1.params, 0.5) is k1.params  # no prior: unchanged
+    with pytest.raises(ValueError, match="> 0"):
+        tempered_prior_params(skewed.params, 0.0)
+
+    def zt(d, value):
+        return dataclasses.replace(d, sampling_overrides={"category_temperature": value})
+
+    uniform = dataclasses.replace(base, params={
+        **base.params, "prior": jax.tree.map(jnp.zeros_like, prior)})
+    got = V.validate_drafters(
+        {"skewed": skewed, "zt1": zt(skewed, 1.0), "zt_huge": zt(skewed, 1e6),
+         "uniform": uniform},
+        target, "synthetic", num_batches=1, batch_size=2, seq_len=32,
+        anchors_per_sequence=2, progress=False)
+    for key in ("al_estimate", "al_estimate_mixture"):
+        assert got["zt1"][key] == pytest.approx(got["skewed"][key], rel=1e-6), key
+        assert got["zt_huge"][key] == pytest.approx(got["uniform"][key], rel=1e-4), key
+        assert got["uniform"][key] < 0.8 * got["skewed"][key], key  # the weights matter
+    with pytest.raises(ValueError, match="only zt"):
+        V.validate_drafters({"m": dataclasses.replace(
+            skewed, sampling_overrides={"verify_mode": "mixture"})}, target, "synthetic",
+            num_batches=1, progress=False)

@@ -243,6 +243,23 @@ def init_drafter_params(drafter_config: DrafterConfig, target_config: TargetConf
     return jax.tree_util.tree_map_with_path(leaf, abstract)
 
 
+def tempered_prior_params(dparams: Params, category_temperature: float) -> Params:
+    """The same drafter with prior logits divided by Z_T = `category_temperature`.
+
+    The prior head is affine (`u W + c`), so scaling W and c by 1 / Z_T is exact: every
+    function that reads the prior (losses, validation, the sampler's draw) then sees
+    pi' = softmax(prior_logits / Z_T) without a Z_T argument of its own. K = 1 drafters
+    have no prior and are returned unchanged."""
+    if category_temperature <= 0:
+        raise ValueError(f"category_temperature must be > 0, got {category_temperature}")
+    if "prior" not in dparams or category_temperature == 1.0:
+        return dparams
+    scale = 1.0 / float(category_temperature)
+    prior = {k: (v.astype(jnp.float32) * scale).astype(v.dtype)
+             for k, v in dparams["prior"].items()}
+    return {**dparams, "prior": prior}
+
+
 def num_drafter_params(dparams: Params) -> int:
     return sum(int(x.size) for x in jax.tree.leaves(dparams))
 

@@ -104,6 +104,20 @@ def paired_gain(results: Mapping[str, Any], base: Mapping[str, Any],
     return gain, se
 
 
+def _validation_params(name: str, drafter: Any):
+    """The drafter's parameters with its `@zt=` setting applied (Z_T changes the branch
+    weights both AL estimates average over); other sampling settings are refused, since
+    validation always reports sampled-branch and mixture acceptance at T_v."""
+    from dblast_jax.models.drafter import tempered_prior_params
+    overrides = dict(getattr(drafter, "sampling_overrides", None) or {})
+    zt = overrides.pop("category_temperature", 1.0)
+    if overrides:
+        raise ValueError(f"drafter {name!r}: settings {sorted(overrides)} do not apply to "
+                         "validation (it reports sampled-branch and mixture acceptance at "
+                         "the verify temperature); only zt (Z_T) does")
+    return tempered_prior_params(drafter.params, zt)
+
+
 def validate_drafters(drafters: Mapping[str, Any], target: Any, data: str, *,
                       shards: str = "", num_batches: int = 8, batch_size: int = 8,
                       seq_len: int = 256, anchors_per_sequence: int = 24,
@@ -111,7 +125,9 @@ def validate_drafters(drafters: Mapping[str, Any], target: Any, data: str, *,
                       progress: bool = True) -> dict[str, dict[str, Any]]:
     """{name: generation.Drafter} -> {name: mean held-out metrics}, every drafter on the
     same batches and anchors. Needs target log-probs in the data for the AL metrics
-    (a corpus stores them; otherwise they are computed by the target at T_v)."""
+    (a corpus stores them; otherwise they are computed by the target at T_v). A drafter
+    whose `sampling_overrides` set Z_T (`NAME=DIR@zt=0.5`) is scored with its branch
+    weights pi' = softmax(prior_logits / Z_T), the law its branch is drawn from."""
     from dblast_jax.train.trainer import _compiled_eval  # the trainer's jitted eval step
     if not drafters:
         raise ValueError("no drafter to validate")
@@ -125,9 +141,11 @@ def validate_drafters(drafters: Mapping[str, Any], target: Any, data: str, *,
         from tqdm.auto import tqdm
         bar = tqdm(total=len(names) * num_batches, desc="validate", unit="batch",
                    dynamic_ncols=True)
+    params = {name: _validation_params(name, d) for name, d in drafters.items()}
     for name in names:
         d = drafters[name]
         dcfg = d.config
+        dparams = params[name]
         cfg = TrainConfig(name=name, target=target.name, data=data, loss="nll",
                           num_categories=dcfg.num_categories, block_size=dcfg.block_size,
                           batch_size=batch_size, seq_len=seq_len,
@@ -139,10 +157,10 @@ def validate_drafters(drafters: Mapping[str, Any], target: Any, data: str, *,
         mode = "data" if batcher.with_logp else "target"
         fn = _compiled_eval(cfg, dcfg, target.config, mode, mesh)
 
-        def run_batch(local, rng, d=d, fn=fn, mode=mode):
+        def run_batch(local, rng, dparams=dparams, fn=fn, mode=mode):
             batch = {k: jnp.asarray(v) for k, v in local.items()
                      if k != "logp" or mode == "data"}
-            m = fn(d.params, tparams, batch, rng, jnp.int32(0))
+            m = fn(dparams, tparams, batch, rng, jnp.int32(0))
             if bar is not None:
                 bar.update(1)
             return m
