@@ -14,20 +14,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-CORPUS=${CORPUS:-corpora/smollm2_t1}
-RUNS=${RUNS:-runs/smollm2}
-SHARDS=${SHARDS:-36}          # training snapshot: the corpus's first N shards (32 prompts each)
-STEPS=${STEPS:-150}           # optimizer steps per drafter
-LAYERS=${LAYERS:-1}           # drafter layers
-SEQ_LEN=${SEQ_LEN:-256}       # training window (prompt + start of the answer)
-ANCHORS=${ANCHORS:-16}        # blocks per sequence per step
-LR=${LR:-1e-3}
-PROMPTS=${PROMPTS:-4}         # evaluation prompts per benchmark
-NEW_TOKENS=${NEW_TOKENS:-128} # evaluation answer length per turn
+source experiments/smollm2/settings.sh  # CORPUS RUNS SHARDS STEPS ... TRAIN_OVERRIDES
 EXPERIMENTS=${EXPERIMENTS:-"smollm2_dflash_baseline smollm2_k1_al smollm2_dblast_k4_nll smollm2_dblast_k4_al"}
-VAL_SHARDS=${VAL_SHARDS:-2}   # held-out shards right after the snapshot (validation.jsonl)
-VALIDATE_EVERY=${VALIDATE_EVERY:-100}
-FEATURES=${FEATURES:-$RUNS/features}  # the frozen target's taps, computed once per record
 EVAL=${EVAL:-$RUNS/eval}      # evaluation folder (resumes by drafter name: use a new one after
                               # training on, e.g. STEPS raised in existing workdirs)
 
@@ -48,15 +36,8 @@ if (( missing > 0 )); then
 fi
 
 # (2) the four drafters: same sizes, same data snapshot, same seed
-COMMON=(num_steps=$STEPS batch_size=8 seq_len=$SEQ_LEN anchors_per_sequence=$ANCHORS
-        learning_rate=$LR drafter_layers=$LAYERS data_shards=$SHARDS checkpoint_every=25
-        keep_checkpoints=2 feature_cache=$FEATURES validate_every=$VALIDATE_EVERY
-        validation_shards=$SHARDS:$((SHARDS + VAL_SHARDS))
-        validation_batches=$((VAL_SHARDS * 32 / 8)))
 for exp in $EXPERIMENTS; do
-    overrides=()
-    for kv in "${COMMON[@]}"; do overrides+=(--override "$kv"); done
-    dblast train --experiment "$exp" --workdir "$RUNS/$exp" --data "$CORPUS" "${overrides[@]}"
+    dblast train --experiment "$exp" --workdir "$RUNS/$exp" --data "$CORPUS" "${TRAIN_OVERRIDES[@]}"
 done
 
 # (3) evaluation: plain decoding + each drafter on the same prompts and seeds
