@@ -219,3 +219,35 @@ def test_cli_stats_command(full, capsys):
     assert args.func(args) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["sequences"] == 11 and set(report["mean_entropy"]) == {"0.7", "1.5"}
+
+
+def test_prompts_of_a_shard_range_answered_again(full, prompts, tmp_path):
+    """`--prompts-from CORPUS:A:B`: the same prompts (templated tokens) as shards A..B-1,
+    answered again, e.g. a held-out range sampled at the verification temperature."""
+    import argparse
+    from dblast_jax.data.cli_commands import add_data_subcommands
+    out, _ = full
+    def as_set(token_lists):
+        return sorted(tuple(p) for p in token_lists)
+    # shards of 5, 5, 1 prompts (a shard stores its prompts in batching order)
+    assert as_set(regen.corpus_prompts(out, "1:3")) == as_set(prompts[5:11])
+    parser = argparse.ArgumentParser()
+    add_data_subcommands(parser.add_subparsers(dest="command", required=True))
+    again = tmp_path / "again"
+    args = parser.parse_args([
+        "data", "regenerate", "--model", "tiny-llama", "--out", str(again),
+        "--prompts-from", f"{out}:1:3", "--gen-temperatures", "1.5",
+        "--verify-temperatures", "1.5", "--max-new-tokens", "6", "--batch-size", "4",
+        "--shard-size", "4", "--no-progress"])
+    assert args.func(args) == 0
+    redone = Corpus(again, verify_temperature=1.5)
+    assert len(redone) == 6
+    assert as_set(regen.corpus_prompts(again, "0:2")) == as_set(prompts[5:11])
+    assert all(redone[i]["gen_temperature"] == pytest.approx(1.5) for i in range(6))
+    with pytest.raises(ValueError, match="shard range"):
+        regen.corpus_prompts(out, "2:1")
+    args = parser.parse_args(["data", "regenerate", "--model", "tiny-llama", "--out",
+                              str(tmp_path / "x"), "--prompts-from", f"{out}:0:1",
+                              "--pools", "sharegpt"])
+    with pytest.raises(ValueError, match="replaces the training pools"):
+        args.func(args)

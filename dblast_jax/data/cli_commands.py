@@ -57,17 +57,29 @@ def run_regenerate(model: str, out: str, *, pools: Optional[Sequence[str]] = Non
                    max_new_tokens: int = 512, max_prompt_tokens: int = 1024,
                    batch_size: int = 8, shard_size: int = 256, seed: int = 0,
                    max_shards: Optional[int] = None, dtype: str = "float32",
-                   system: Optional[str] = None, progress: bool = True) -> dict:
-    """Load the target, pick the training prompts, regenerate (or resume) into `out`."""
+                   system: Optional[str] = None, progress: bool = True,
+                   prompts_from: Optional[str] = None) -> dict:
+    """Load the target, pick the training prompts, regenerate (or resume) into `out`.
+
+    prompts_from: "CORPUS:A:B" answers the prompts of that corpus's shards A .. B-1
+    instead of the training pools (e.g. a held-out range again at another temperature)."""
     import jax.numpy as jnp
 
-    from dblast_jax.data.regenerate import RegenConfig, regenerate, training_work
+    from dblast_jax.data.regenerate import (RegenConfig, corpus_prompts, regenerate,
+                                            training_work)
     from dblast_jax.generation import load_target
+    if prompts_from:
+        folder, _, shards = prompts_from.partition(":")
+        if pools or limit is not None or system:
+            raise ValueError("--prompts-from replaces the training pools: drop --pools / "
+                             "--limit / --system (the prompts are already templated)")
+        prompts, dropped = corpus_prompts(folder, shards), []
     target = load_target(model, dtype={"float32": jnp.float32, "bfloat16": jnp.bfloat16}[dtype])
-    if target.tokenizer is None:
-        raise ValueError(f"target {model!r} has no tokenizer; text prompt pools need one "
-                         "(use the Python API with token prompts)")
-    prompts, dropped = training_work(pools, limit, shuffle_seed=seed)
+    if not prompts_from:
+        if target.tokenizer is None:
+            raise ValueError(f"target {model!r} has no tokenizer; text prompt pools need one "
+                             "(use the Python API with token prompts)")
+        prompts, dropped = training_work(pools, limit, shuffle_seed=seed)
     cfg = RegenConfig(gen_temperatures=tuple(gen_temperatures),
                       verify_temperatures=tuple(verify_temperatures), top_k=top_k, top_p=top_p,
                       max_new_tokens=max_new_tokens, max_prompt_tokens=max_prompt_tokens,
@@ -86,7 +98,8 @@ def cmd_data_regenerate(args) -> int:
         top_k=args.top_k, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
         max_prompt_tokens=args.max_prompt_tokens, batch_size=args.batch_size,
         shard_size=args.shard_size, seed=args.seed, max_shards=args.max_shards,
-        dtype=args.dtype, system=args.system, progress=not args.no_progress)
+        dtype=args.dtype, system=args.system, progress=not args.no_progress,
+        prompts_from=args.prompts_from)
     t = manifest["totals"]
     print(f"{args.out}: {t['shards']}/{manifest['num_shards']} shards, {t['sequences']} "
           f"sequences, {t['tokens']} tokens ({t['response_tokens']} response); "
@@ -135,6 +148,9 @@ def add_data_subcommands(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="corpus folder (re-run to resume / grow)")
     p.add_argument("--pools", help="comma-separated training pools (default: all)")
     p.add_argument("--limit", type=int, help="use the first N prompts of the shuffled pools")
+    p.add_argument("--prompts-from", metavar="CORPUS:A:B",
+                   help="answer the prompts of corpus shards A .. B-1 instead of the pools "
+                        "(a held-out set sampled at another temperature)")
     p.add_argument("--gen-temperatures", type=_floats, default=(1.0,),
                    help="comma-separated sampling temperatures (one answer per prompt each)")
     p.add_argument("--verify-temperatures", type=_floats, default=(1.0,),

@@ -423,6 +423,22 @@ def _progress(total: int, initial: int, enabled: bool):
                 dynamic_ncols=True)
 
 
+def corpus_prompts(folder: Union[str, Path], shards: str) -> list[list[int]]:
+    """The chat-templated prompts of corpus shards "A:B" (A .. B-1) as token-id lists.
+
+    Answering them again at another temperature gives a held-out set *sampled at* that
+    temperature for the same prompts: the AL estimate is the exact expected acceptance
+    only on text drawn from the target at T_v (DESIGN.md section 4)."""
+    from dblast_jax.train.config import parse_shard_range
+    first, stop = parse_shard_range(shards)
+    source = corpus_io.Corpus(folder, first_shard=first, max_shards=stop)
+    prompts = []
+    for i in range(len(source)):
+        record = source[i]
+        prompts.append([int(t) for t in record["tokens"][:int(record["prompt_length"])]])
+    return prompts
+
+
 def training_work(pools: Optional[Sequence[str]] = None, limit: Optional[int] = None,
                   shuffle_seed: Optional[int] = 0) -> tuple[list[Prompt], list]:
     """The training prompts in a fixed shuffled order (pools mixed), at most `limit`.
