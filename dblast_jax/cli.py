@@ -17,6 +17,8 @@ import json
 import sys
 from typing import Optional, Sequence
 
+from dblast_jax.config import VERIFY_MODES
+
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0,
@@ -196,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "decoding, pretrained:NAME for one shipped in the repository "
                    "(pretrained/manifest.json), or random / random-kN for an untrained one")
     p.add_argument("--verify-mode", default="greedy-branch",
-                   choices=("greedy-branch", "sampled-branch", "mixture"))
+                   choices=VERIFY_MODES)
     p.add_argument("--category-temperature", type=float, default=1.0)
     p.add_argument("--draft-temperature", type=float, default=1.0)
     p.add_argument("--warmup", action="store_true",
@@ -235,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts-per-benchmark", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--verify-mode", default="greedy-branch",
-                   choices=("greedy-branch", "sampled-branch", "mixture"))
+                   choices=VERIFY_MODES)
     p.add_argument("--batch-size", type=int, default=1,
                    help="prompts per generate call (one result row per batch)")
     p.add_argument("--seed", type=int, default=0)

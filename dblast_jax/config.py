@@ -146,7 +146,7 @@ class SamplingConfig:
         return dataclasses.replace(self, **changes)
 
 
-VERIFY_MODES = ("greedy-branch", "sampled-branch", "mixture")
+VERIFY_MODES = ("greedy-branch", "sampled-branch", "mixture", "sampled-mixture")
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:

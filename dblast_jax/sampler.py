@@ -169,7 +169,18 @@ def _draft(dparams, tparams, state: SpecState, keys, tcfg, dcfg, sampling: Sampl
                                    axis=-1)  # [B, K]: pi', the law z is drawn from
     z = jax.random.categorical(k_cat, draw_logp, axis=-1)
     vocab = tcfg.vocab_size
-    if sampling.verify_mode == "mixture":
+    sampled = sampling.temperature > 0  # at T = 0 every mode drafts argmaxes
+    if sampling.verify_mode == "sampled-mixture" and sampled:
+        # d ~ q(. | z) like sampled-branch, verified against the mixture's conditionals
+        all_logits = drafter_lm.branch_logits(tparams, hidden, tcfg)  # [B, K, b-1, V]
+        log_q = jax.nn.log_softmax(all_logits.astype(jnp.float32) / sampling.draft_temperature,
+                                   axis=-1)
+        log_q_z = jnp.take_along_axis(log_q, z[:, None, None, None], axis=1)[:, 0]
+        drafts = jax.random.categorical(k_draft, log_q_z, axis=-1).astype(jnp.int32)
+        proposal = verify.mixture_proposal(None, jnp.exp(log_q), drafts, jnp.exp(draw_logp),
+                                           vocab)
+        return drafts, proposal
+    if sampling.verify_mode in ("mixture", "sampled-mixture"):
         all_logits = drafter_lm.branch_logits(tparams, hidden, tcfg)  # [B, K, b-1, V]
         branch_tokens = jnp.argmax(all_logits, axis=-1).astype(jnp.int32)
         drafts = jnp.take_along_axis(branch_tokens, z[:, None, None], axis=1)[:, 0]
@@ -177,7 +188,7 @@ def _draft(dparams, tparams, state: SpecState, keys, tcfg, dcfg, sampling: Sampl
                                            vocab)
         return drafts, proposal
     logits = drafter_lm.branch_logits(tparams, drafter_lm.select_branch(hidden, z), tcfg)
-    if sampling.verify_mode == "sampled-branch" and sampling.temperature > 0:
+    if sampling.verify_mode == "sampled-branch" and sampled:
         log_q = jax.nn.log_softmax(logits / sampling.draft_temperature, axis=-1)
         drafts = jax.random.categorical(k_draft, log_q, axis=-1).astype(jnp.int32)
         return drafts, jnp.exp(log_q)

@@ -13,7 +13,10 @@ Every mode reduces to a dense proposal Q [B, b-1, V] (float32 probabilities):
   * greedy-branch: Q_i = one-hot(d_i)
   * sampled-branch: Q_i = q_i(. | z) at the draft temperature
   * mixture: Q_i = sum_z post(z | d_<i) q_i(. | z), the exact conditional of the joint
-    the draft was drawn from (see `mixture_proposal`).
+    the draft was drawn from (see `mixture_proposal`), with greedy branches (q_i(. | z)
+    = one-hot of branch z's argmax);
+  * sampled-mixture: the same with d_i ~ q_i(. | z) at the draft temperature (the mode
+    whose expected acceptance `al_estimate_mixture` estimates from data).
 Temperature 0 is the argmax prefix match (`verify_greedy`).
 """
 

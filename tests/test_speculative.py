@@ -79,9 +79,9 @@ def chi_square_pvalue(samples, seqs, probs):
     return stats.chi2.sf(chi2, keep.sum() - 1)
 
 
-CASES = [(mode, temp, 0, 1.0) for mode in ("greedy-branch", "sampled-branch", "mixture")
-         for temp in (0.7, 1.0, 1.5)]
-CASES += [(mode, 1.0, 3, 0.9) for mode in ("greedy-branch", "sampled-branch", "mixture")]
+MODES = ("greedy-branch", "sampled-branch", "mixture", "sampled-mixture")
+CASES = [(mode, temp, 0, 1.0) for mode in MODES for temp in (0.7, 1.0, 1.5)]
+CASES += [(mode, 1.0, 3, 0.9) for mode in MODES]
 CASES += [("greedy-branch", 1.5, 0, 0.7), ("sampled-branch", 0.7, 4, 1.0)]
 
 
@@ -164,7 +164,7 @@ def test_temperature_zero_equals_plain_greedy_whatever_the_drafter(num_categorie
     dc = DrafterConfig.for_target(tc, num_layers=2, block_size=4, num_categories=num_categories)
     dp = D.init_drafter_params(dc, tc, jax.random.key(1))
     tokens, lengths = pad_prompts([[3, 4, 5, 6, 7], [8, 9], [10, 11, 12]])
-    for mode in ("greedy-branch", "mixture"):
+    for mode in MODES:
         sampling = SamplingConfig(temperature=0.0, max_new_tokens=11, verify_mode=mode)
         cache = spec_cache_size(tokens.shape[1], sampling, dc.block_size)
         spec = speculative_generate_tokens(tp, dp, tokens, lengths, jax.random.key(0),
@@ -313,13 +313,17 @@ def test_stop_tokens_truncate_inside_an_accepted_block():
     assert (np.asarray(out[0, first + 1:]) == PAD_ID).all()
 
 
-def test_al_estimate_predicts_the_samplers_accepted_count(tiny):
-    """E_{x* ~ p}[AL_hat] (losses.al_estimate) equals the mean accepted drafts of the
-    sampler's first step in sampled-branch mode (same drafter q, Z_T = draft T = 1)."""
+@pytest.mark.parametrize("mode", ["sampled-branch", "sampled-mixture"])
+def test_al_estimate_predicts_the_samplers_accepted_count(tiny, mode):
+    """E_{x* ~ p}[AL_hat] equals the mean accepted drafts of the sampler's first step
+    (same drafter q, Z_T = draft T = 1): losses.al_estimate for `sampled-branch`, and the
+    same estimate on the mixture's conditionals (the trainer's / validation's
+    `al_estimate_mixture`) for `sampled-mixture`."""
     from dblast_jax import losses
+    from dblast_jax.train.trainer import mixture_conditional_logq
     tc, tp, dc, dp = tiny
     temp = 1.0
-    sampling = SamplingConfig(temperature=temp, max_new_tokens=NEW, verify_mode="sampled-branch")
+    sampling = SamplingConfig(temperature=temp, max_new_tokens=NEW, verify_mode=mode)
     _, accepted, _ = sample_sequences(tc, tp, dc, dp, sampling, n=20000, seed=9)
     first_step = accepted[:, 0].astype(np.float64)
 
@@ -339,6 +343,12 @@ def test_al_estimate_predicts_the_samplers_accepted_count(tiny):
                                    drafter_config=dc, target_config=tc)
     logq_all = jax.nn.log_softmax(D.branch_logits(tp, hidden[:, 0], tc), axis=-1)
     logq = jnp.take_along_axis(logq_all, data[:, None, :, None], axis=-1)[..., 0]  # [n,K,b-1]
-    al = np.asarray(losses.al_estimate(logq[:, None], prior, logp[:, None]))[:, 0]
+    if mode == "sampled-branch":
+        al = np.asarray(losses.al_estimate(logq[:, None], prior, logp[:, None]))[:, 0]
+    else:
+        log_q_mix = mixture_conditional_logq(logq[:, None], prior,
+                                             jnp.ones(logp[:, None].shape, bool))
+        al = np.asarray(losses.al_estimate(log_q_mix[:, :, None, :], None,
+                                           logp[:, None]))[:, 0]
     se = np.sqrt(al.var() / al.size + first_step.var() / first_step.size)
     assert abs(al.mean() - first_step.mean()) < 4 * se, (al.mean(), first_step.mean(), se)

@@ -6,8 +6,8 @@ every step). Validation reads a fixed held-out set - corpus shards after the tra
 snapshot, or fresh draws of the synthetic language - with the same anchors every time,
 and reports the objective terms, per-position top-1 agreement and, where the data
 carry target log-probs, the exact expected accepted drafts per block under
-`sampled-branch` and `mixture` verification at T_v (`al_estimate`,
-`al_estimate_mixture`). Those are expectations over the target's own samples, so
+`sampled-branch` and `sampled-mixture` verification at T_v (`al_estimate`,
+`al_estimate_mixture`: drafts sampled from q at draft temperature 1). Those are expectations over the target's own samples, so
 comparing two drafters on the same held-out set needs no generation and has far less
 noise than tau measured by sampling.
 
