@@ -7,7 +7,8 @@ snapshot, or fresh draws of the synthetic language - with the same anchors every
 and reports the objective terms, per-position top-1 agreement and, where the data
 carry target log-probs, the exact expected accepted drafts per block under
 `sampled-branch` and `sampled-mixture` verification at T_v (`al_estimate`,
-`al_estimate_mixture`: drafts sampled from q at draft temperature 1). Those are expectations over the target's own samples, so
+`al_estimate_mixture`: drafts sampled from q at draft temperature 1). Those are
+expectations over the target's own samples, so
 comparing two drafters on the same held-out set needs no generation and has far less
 noise than tau measured by sampling.
 
@@ -107,13 +108,13 @@ def paired_gain(results: Mapping[str, Any], base: Mapping[str, Any],
 def _validation_params(name: str, drafter: Any):
     """The drafter's parameters with its `@zt=` setting applied (Z_T changes the branch
     weights both AL estimates average over); other sampling settings are refused, since
-    validation always reports sampled-branch and mixture acceptance at T_v."""
+    validation always reports sampled-branch and sampled-mixture acceptance at T_v."""
     from dblast_jax.models.drafter import tempered_prior_params
     overrides = dict(getattr(drafter, "sampling_overrides", None) or {})
     zt = overrides.pop("category_temperature", 1.0)
     if overrides:
         raise ValueError(f"drafter {name!r}: settings {sorted(overrides)} do not apply to "
-                         "validation (it reports sampled-branch and mixture acceptance at "
+                         "validation (it reports sampled-branch and sampled-mixture acceptance at "
                          "the verify temperature); only zt (Z_T) does")
     return tempered_prior_params(drafter.params, zt)
 
@@ -215,7 +216,7 @@ def validation_table(results: Mapping[str, Mapping[str, Any]],
 
 def plot_prefix_acceptance(results: Mapping[str, Mapping[str, Any]], out: str) -> str:
     """PNG: P(first k drafts accepted) against k for every drafter, `sampled-branch` solid
-    and `mixture` dashed (K > 1 only): where along the block each drafter loses."""
+    and `sampled-mixture` dashed (K > 1 only): where along the block each drafter loses."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -230,7 +231,7 @@ def plot_prefix_acceptance(results: Mapping[str, Mapping[str, Any]], out: str) -
         mix = np.asarray(r.get("accept_prefix_mixture", acc))
         if not np.allclose(mix, acc):
             ax.plot(ks, mix, "--", color=color,
-                    label=f"{name}, mixture ({r['al_estimate_mixture']:.3f})")
+                    label=f"{name}, sampled-mixture ({r['al_estimate_mixture']:.3f})")
     ax.set_yscale("log")
     ax.set_xlabel("k (draft position)")
     ax.set_ylabel("P(first k drafts accepted)")
