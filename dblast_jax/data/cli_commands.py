@@ -69,17 +69,17 @@ def run_regenerate(model: str, out: str, *, pools: Optional[Sequence[str]] = Non
                                             training_work)
     from dblast_jax.generation import load_target
     if prompts_from:
-        folder, _, shards = prompts_from.partition(":")
         if pools or limit is not None or system:
             raise ValueError("--prompts-from replaces the training pools: drop --pools / "
                              "--limit / --system (the prompts are already templated)")
-        prompts, dropped = corpus_prompts(folder, shards), []
-    target = load_target(model, dtype={"float32": jnp.float32, "bfloat16": jnp.bfloat16}[dtype])
-    if not prompts_from:
-        if target.tokenizer is None:
-            raise ValueError(f"target {model!r} has no tokenizer; text prompt pools need one "
-                             "(use the Python API with token prompts)")
+        folder, first, stop = (prompts_from.rsplit(":", 2) + ["", ""])[:3]
+        prompts, dropped = corpus_prompts(folder, f"{first}:{stop}"), []
+    else:
         prompts, dropped = training_work(pools, limit, shuffle_seed=seed)
+    target = load_target(model, dtype={"float32": jnp.float32, "bfloat16": jnp.bfloat16}[dtype])
+    if not prompts_from and target.tokenizer is None:
+        raise ValueError(f"target {model!r} has no tokenizer; text prompt pools need one "
+                         "(use the Python API with token prompts)")
     cfg = RegenConfig(gen_temperatures=tuple(gen_temperatures),
                       verify_temperatures=tuple(verify_temperatures), top_k=top_k, top_p=top_p,
                       max_new_tokens=max_new_tokens, max_prompt_tokens=max_prompt_tokens,

@@ -249,8 +249,8 @@ def loss_terms(dparams: Params, tparams: Params, batch: Mapping[str, Array], rng
             metrics["al_estimate"] = al
             metrics["predicted_tau"] = losses.predicted_tau(al)
     if logp_block is not None:
-        # The AL of `sampled-mixture` verification (Q = the mixture's own conditionals): where K > 1
-        # can beat the best single product proposal. al_estimate above is `sampled-branch`,
+        # The AL of `sampled-mixture` verification (Q = the mixture's own conditionals):
+        # where K > 1 can beat the best single product proposal. al_estimate above is `sampled-branch`,
         # which is linear in pi, so no mixture beats its best branch there.
         sg = lax.stop_gradient
         log_q_mix = mixture_conditional_logq(sg(logq), sg(prior_logits), pos_mask)
