@@ -1,6 +1,6 @@
 """Speculative verification: accept / reject a drafted block exactly losslessly.
 
-Notation (DESIGN.md section 3): the anchor sits at position s; the drafter proposed
+Notation (docs/METHOD.md section 3): the anchor sits at position s; the drafter proposed
 d_1..d_{b-1}; the target scored [anchor, d_1..d_{b-1}] and gives its *sampling*
 distributions p_1..p_b (p_i for position s + i). Q_i is the proposal's conditional for
 position i given the drafted prefix. For i = 1..b-1, d_i is accepted with probability

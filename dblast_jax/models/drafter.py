@@ -1,6 +1,6 @@
 """The DBlast drafter: a DFlash block drafter plus a latent-mixture head (Flax NNX).
 
-Architecture (DESIGN.md section 2): target hidden states tapped after
+Architecture (docs/METHOD.md section 2): target hidden states tapped after
 `target_layer_ids` are concatenated along features and mapped by `fc` + `hidden_norm`
 to *context features*. A block `[anchor, MASK x (b - 1)]` embedded with the target's
 embedding runs through Qwen3-style decoder layers whose attention keys/values are
@@ -472,7 +472,7 @@ def select_branch(branch_hidden: Array, branch: Array) -> Array:
     """branch_hidden [B, K, J, H], branch [B] int -> that branch's hidden [B, J, H].
 
     Greedy-branch decoding samples z from the prior first and then projects only branch
-    z, avoiding the K-fold LM head (the dominant draft cost, see PERF_NOTES.md)."""
+    z, avoiding the K-fold LM head (the dominant draft cost, see docs/METHOD.md section 6)."""
     idx = jnp.asarray(branch, jnp.int32)[:, None, None, None]
     return jnp.take_along_axis(branch_hidden, idx, axis=1)[:, 0]
 
