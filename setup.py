@@ -31,6 +31,12 @@ TEST = TORCH + [
     "nbclient==0.11.0",
     "nbformat==5.11.1",
     "ipykernel==7.4.0",
+    # Not listed: z-lab's reference DFlash package, which tests/test_dflash_interop.py
+    # loads our exports with. dflash==0.1.0 pins tqdm==4.70.0 (we pin 4.70.1),
+    # datasets and requests, and its [local] extra transformers==5.15.0 (we need 5.24),
+    # so pip cannot resolve it beside ours; its model code (torch + transformers only)
+    # runs on our versions. README's test command installs it on its own with
+    # `pip install --no-deps dflash==0.1.0`; without it those tests skip.
 ]
 
 setup(

@@ -1,4 +1,4 @@
-"""Read and write drafters in the DFlash checkpoint format (DESIGN.md section 2).
+"""Read and write drafters in the DFlash checkpoint format (docs/METHOD.md section 2).
 
 A DFlash folder is `config.json` (architectures ["DFlashDraftModel"], a Qwen3-style
 config plus `block_size`, `num_target_layers` and `dflash_config` {mask_token_id,
@@ -14,10 +14,12 @@ dtype is bit-exact.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import shutil
-import tempfile
+import uuid
 import warnings
 from typing import Any, Optional
 
@@ -27,6 +29,8 @@ import ml_dtypes
 import numpy as np
 
 from dblast_jax.config import DrafterConfig, TargetConfig, default_target_layer_ids
+from dblast_jax.io.atomic import default_file_mode, fsync_dir
+from dblast_jax.io.safetensors_io import SafetensorsReader, checkpoint_files
 from dblast_jax.models import drafter as drafter_lib
 
 Params = dict[str, Any]
@@ -110,6 +114,9 @@ def _set(tree, path, value):
 
 def _read_config(folder: str) -> dict:
     path = os.path.join(folder, "config.json")
+    if os.path.isfile(folder):
+        raise ValueError(f"drafter path {folder!r} is a file; pass the folder that holds "
+                         "config.json and the .safetensors")
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"drafter folder {folder!r} does not exist")
     if not os.path.isfile(path):
@@ -183,7 +190,17 @@ def drafter_config_from_dflash(cfg: dict, target_config: TargetConfig, *,
 
 
 def dflash_config_dict(config: DrafterConfig, dtype: str = "float32") -> dict:
-    """config.json contents for `config` (DFlash layout; `dblast_config` when needed)."""
+    """config.json contents for `config` (DFlash layout; `dblast_config` when needed).
+
+    A K = 1 token-mask drafter gets the fields of the published DFlash checkpoints, which
+    z-lab's `dflash` package (`DFlashDraftModel.from_pretrained`, a Qwen3Config) reads:
+    `dflash_config` {mask_token_id, target_layer_ids}, top-level `block_size` and
+    `num_target_layers`, the dtype under both `dtype` (transformers >= 4.56) and
+    `torch_dtype` (older readers), full (non-causal, non-sliding) attention in every
+    layer and plain RoPE. tests/test_dflash_interop.py loads it with the `dflash` package.
+    Anything else is marked DBlast-only in `dblast_config` (see `needs_dblast_extras`);
+    `architectures` stays ["DFlashDraftModel"] there too, which older exports and their
+    tests rely on."""
     cfg: dict[str, Any] = {
         "architectures": ["DFlashDraftModel"],
         "model_type": "qwen3",
@@ -202,12 +219,23 @@ def dflash_config_dict(config: DrafterConfig, dtype: str = "float32") -> dict:
         "hidden_act": "silu",
         "attention_bias": False,
         "attention_dropout": 0.0,
+        "rope_scaling": None,
+        "use_sliding_window": False,
+        "layer_types": ["full_attention"] * config.num_layers,
+        "dtype": dtype,
         "torch_dtype": dtype,
         "dflash_config": {"mask_token_id": config.mask_token_id,
                           "target_layer_ids": list(config.target_layer_ids)},
     }
     if needs_dblast_extras(config):
         cfg["dblast_config"] = {
+            # the `dflash` package and vLLM cannot run this checkpoint: they would ignore
+            # the dblast.* tensors (K > 1 mixture) or have no mask token to fill the block
+            "dblast_only": True,
+            "note": ("DBlast-only checkpoint (K > 1 latent mixture and/or learned mask "
+                     "embedding): load it with dblast_jax (load_drafter) or "
+                     "dblast_jax.io.torch_drafter.DBlastDrafterTorch, not with DFlash "
+                     "loaders (dflash.DFlashDraftModel, vLLM, SGLang)"),
             "format_version": FORMAT_VERSION,
             "num_categories": config.num_categories,
             "expander_width": config.expander_width,
@@ -227,24 +255,18 @@ def needs_dblast_extras(config: DrafterConfig) -> bool:
 # ---- safetensors ------------------------------------------------------------------------
 
 def _safetensors_files(folder: str) -> list[str]:
-    index = os.path.join(folder, "model.safetensors.index.json")
-    if os.path.isfile(index):
-        with open(index) as f:
-            weight_map = json.load(f).get("weight_map", {})
-        return sorted({os.path.join(folder, v) for v in weight_map.values()})
-    files = sorted(os.path.join(folder, f) for f in os.listdir(folder)
-                   if f.endswith(".safetensors"))
+    """The checkpoint's files: the index's shards, or the folder's single *.safetensors
+    (several without an index are refused: see safetensors_io.checkpoint_files)."""
+    files, _ = checkpoint_files(folder)
     if not files:
         raise ValueError(f"{folder!r} is not a DFlash checkpoint: no *.safetensors files")
-    return files
+    return [str(p) for p in files]
 
 
 def _read_tensors(folder: str) -> dict[str, np.ndarray]:
-    from safetensors.numpy import load_file
-    tensors: dict[str, np.ndarray] = {}
-    for path in _safetensors_files(folder):
-        tensors.update(load_file(path))
-    return tensors
+    _safetensors_files(folder)  # the folder's rule and its messages
+    with SafetensorsReader.from_folder(folder) as reader:  # a key in two shards is refused
+        return {key: reader.read(key) for key in reader.keys()}
 
 
 def load_dflash(folder: str, target_config: TargetConfig, dtype=jnp.float32, *,
@@ -287,17 +309,157 @@ def load_dflash(folder: str, target_config: TargetConfig, dtype=jnp.float32, *,
     return config, params
 
 
+# ---- the export folder ------------------------------------------------------------------
+
+class ExportError(ValueError):
+    """An export refused or failed; str() is one line naming the folder. `errno` is set
+    when an OS error (no space, no permission) caused it."""
+
+    def __init__(self, message: str, errno: Optional[int] = None):
+        super().__init__(message)
+        self.errno = errno
+
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+# Modeling code export_drafter writes beside the weights, if it ever does: list it here so
+# a folder holding it is still recognised as a previous export.
+EXPORT_MODELING_FILES: tuple[str, ...] = ()
+# names an export writes or has written (an older sharded export's shards and index)
+_EXPORT_WEIGHT_NAMES = re.compile(r"model(-\d{5}-of-\d{5})?\.safetensors"
+                                  r"|model\.safetensors\.index\.json")
+
+
+def is_export_file(name: str) -> bool:
+    """Whether `name` is a file that export_drafter writes (or an earlier export wrote)."""
+    return (name == CONFIG_FILE or name in EXPORT_MODELING_FILES
+            or _EXPORT_WEIGHT_NAMES.fullmatch(name) is not None)
+
+
+def _is_drafter_config(path: str) -> bool:
+    try:
+        with open(path) as f:
+            cfg = json.load(f)
+    except (OSError, ValueError):
+        return False
+    if not isinstance(cfg, dict):
+        return False
+    return "DFlashDraftModel" in (cfg.get("architectures") or []) or "dflash_config" in cfg
+
+
+def _brief(names, limit: int = 8) -> str:
+    names = sorted(names)
+    more = f", +{len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+def _classify_destination(folder: str) -> tuple[str, list[str]]:
+    """("absent" | "empty" | "export" | "foreign", the folder's entries). "export": its
+    config.json is a drafter's and every entry is a file an export writes."""
+    if os.path.lexists(folder) and not os.path.isdir(folder):
+        raise ExportError(f"cannot export to {folder!r}: it is a file, not a folder")
+    if not os.path.exists(folder):
+        return "absent", []
+    try:
+        entries = sorted(os.listdir(folder))
+    except OSError as e:
+        raise ExportError(f"cannot export to {folder!r}: cannot list it "
+                          f"({e.strerror or e})", e.errno) from e
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ExportError(f"cannot export to {folder!r}: the folder is not writable",
+                          errno.EACCES)
+    if not entries:
+        return "empty", entries
+    ours = all(is_export_file(n) and os.path.isfile(os.path.join(folder, n))
+               and not os.path.islink(os.path.join(folder, n)) for n in entries)
+    if ours and _is_drafter_config(os.path.join(folder, CONFIG_FILE)):
+        return "export", entries
+    return "foreign", entries
+
+
+def _make_temp_dir(parent: str, name: str, kind: str) -> str:
+    # os.mkdir, not mkdtemp: a folder renamed into place keeps the umask's usual mode
+    path = os.path.join(parent, f".{name}.{kind}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    os.mkdir(path)
+    return path
+
+
+def _write_weights(tensors: dict[str, np.ndarray], path: str) -> None:
+    from safetensors.numpy import save_file
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+def _write_text(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _fsync_file(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _move_into(tmp: str, folder: str, written: list[str], stale: list[str]) -> None:
+    """os.replace each of `written` from `tmp` into `folder` and remove `stale`; on a
+    failure part way, the files replaced or removed so far are put back."""
+    parent, name = os.path.split(folder)
+    backup = _make_temp_dir(parent, name, "export-old")
+    saved: list[str] = []
+    placed: list[str] = []
+    try:
+        for n in list(written) + list(stale):
+            src = os.path.join(folder, n)
+            if os.path.lexists(src):
+                try:
+                    os.link(src, os.path.join(backup, n), follow_symlinks=False)
+                except OSError:
+                    shutil.copy2(src, os.path.join(backup, n), follow_symlinks=False)
+                saved.append(n)
+        for n in written:  # each replace is atomic
+            os.replace(os.path.join(tmp, n), os.path.join(folder, n))
+            placed.append(n)
+        for n in stale:
+            if os.path.lexists(os.path.join(folder, n)):
+                os.remove(os.path.join(folder, n))
+    except BaseException:
+        for n in placed:
+            if n not in saved:
+                try:
+                    os.remove(os.path.join(folder, n))
+                except OSError:
+                    pass
+        for n in saved:
+            try:
+                os.replace(os.path.join(backup, n), os.path.join(folder, n))
+            except OSError:
+                pass
+        raise
+    finally:
+        shutil.rmtree(backup, ignore_errors=True)
+
+
 def export_drafter(dparams: Params, drafter_config: DrafterConfig, folder: str,
-                   dtype: str = "float32") -> str:
+                   dtype: str = "float32", *, force: bool = False) -> str:
     """Write `dparams` as a DFlash folder (config.json + model.safetensors), atomically.
 
     K = 1 with a token mask and no expander: the exact DFlash layout. Otherwise the
     same plus `dblast.`-prefixed tensors and a `dblast_config` entry. dtype:
     "float32" or "bfloat16". Returns the folder path.
+
+    The folder must be absent, empty, or hold a previous export (a drafter config.json
+    and only files an export writes; an older export's leftover shards or index are
+    removed). Any other folder is refused (ExportError, one line), unless `force`, which
+    replaces only the files this export writes (config.json, model.safetensors) and
+    leaves every other file as it is. Everything is written into a temporary sibling
+    folder first, then renamed into place (an absent or empty folder) or moved in file by
+    file, so a failure (no space, no permission) leaves the destination unchanged.
+    Non-finite parameters are refused before anything is written.
     """
     if dtype not in ("float32", "bfloat16"):
         raise ValueError(f"export dtype must be 'float32' or 'bfloat16', got {dtype!r}")
-    from safetensors.numpy import save_file
     np_dtype = _DTYPES[dtype]
     tensors = {}
     for path, key, layout in key_table(drafter_config):
@@ -307,28 +469,62 @@ def export_drafter(dparams: Params, drafter_config: DrafterConfig, folder: str,
             raise ValueError(f"drafter params lack {'/'.join(map(str, path))} "
                              f"(checkpoint key {key}) required by the config") from None
         arr = np.asarray(jax.device_get(leaf))
-        tensors[key] = _to_torch_layout(arr.astype(np_dtype), layout)
-    folder = os.path.abspath(folder)
-    parent = os.path.dirname(folder)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".tmp-export-", dir=parent)
+        cast = arr.astype(np_dtype)
+        finite = np.isfinite(cast)
+        if not finite.all():  # after the cast: a float32 beyond bfloat16's range is inf too
+            bad = int(finite.size - np.count_nonzero(finite))
+            raise ExportError(f"refusing to export to {os.fspath(folder)!r}: tensor {key} "
+                              f"(params {'/'.join(map(str, path))}) has {bad} non-finite "
+                              f"value(s) (NaN/inf) in {dtype}; nothing was written")
+        tensors[key] = _to_torch_layout(cast, layout)
+    folder = os.path.abspath(os.fspath(folder))
+    parent, name = os.path.split(folder)
+    planned = [CONFIG_FILE, WEIGHTS_FILE, *EXPORT_MODELING_FILES]
+    state, entries = _classify_destination(folder)
+    if state == "foreign" and not force:
+        foreign = [n for n in entries if not is_export_file(n)]
+        why = (f"files an export does not write ({_brief(foreign)})" if foreign else
+               f"a {CONFIG_FILE} that is not a drafter's")
+        touched = [n for n in planned if n in entries]
+        raise ExportError(
+            f"refusing to export to {folder!r}: it is not empty and not a previous drafter "
+            f"export (it holds {why}); export would write {', '.join(planned)}"
+            + (f", replacing the existing {', '.join(touched)}" if touched else "")
+            + "; pass --force (force=True) to replace only those and keep every other file")
+    tmp = None
     try:
-        save_file(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
-        with open(os.path.join(tmp, "config.json"), "w") as f:
-            json.dump(dflash_config_dict(drafter_config, dtype), f, indent=2)
-            f.write("\n")
-        if not os.path.exists(folder):
-            os.rename(tmp, folder)
-        else:
-            written = set(os.listdir(tmp))
-            for name in written:  # each replace is atomic
-                os.replace(os.path.join(tmp, name), os.path.join(folder, name))
-            os.rmdir(tmp)
-            for stale in os.listdir(folder):  # an older export's shards would mix in
-                if stale not in written and (stale.endswith(".safetensors")
-                                             or stale == "model.safetensors.index.json"):
-                    os.remove(os.path.join(folder, stale))
+        try:
+            os.makedirs(parent, exist_ok=True)
+            tmp = _make_temp_dir(parent, name, "export-tmp")
+            _write_weights(tensors, os.path.join(tmp, WEIGHTS_FILE))
+            _write_text(os.path.join(tmp, CONFIG_FILE),
+                        json.dumps(dflash_config_dict(drafter_config, dtype), indent=2) + "\n")
+            written = sorted(os.listdir(tmp))
+            mode = default_file_mode()  # safetensors creates its files 0600
+            for n in written:
+                os.chmod(os.path.join(tmp, n), mode)
+                _fsync_file(os.path.join(tmp, n))
+            fsync_dir(tmp)
+            if state in ("absent", "empty") and not os.path.islink(folder):
+                os.rename(tmp, folder)  # onto an empty folder too: rename(2) replaces it
+                tmp = None
+            else:
+                stale = ([n for n in entries if is_export_file(n) and n not in written]
+                         if state == "export" else [])
+                _move_into(tmp, folder, written, stale)
+            fsync_dir(parent)
+        except OSError as e:
+            what = e.strerror or str(e)
+            raise ExportError(f"cannot export to {folder!r}: {what}"
+                              + (f" ({e.filename})" if e.filename else ""), e.errno) from e
     finally:
-        if os.path.isdir(tmp):
+        if tmp is not None and os.path.isdir(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
+    if state == "foreign":
+        left = [n for n in entries if n not in written and (n.endswith(".safetensors")
+                                                            or n.endswith(".index.json"))]
+        if left:
+            warnings.warn(f"forced export to {folder!r} kept the folder's other weight files "
+                          f"({_brief(left)}); loading it as a drafter refuses them until they "
+                          "are removed")
     return folder

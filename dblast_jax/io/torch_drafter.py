@@ -8,6 +8,11 @@ logits and prior logits as the JAX drafter. It depends only on torch and safeten
 
 The target's input embedding and LM head are arguments of `forward`, as in DFlash: the
 drafter owns neither.
+
+A K = 1 export with a token mask is also a plain DFlash checkpoint: z-lab's reference
+`dflash.DFlashDraftModel.from_pretrained(folder)` loads it unchanged
+(tests/test_dflash_interop.py), as DFlash servers (vLLM) should. Exports whose config.json has
+`dblast_config.dblast_only` (K > 1, or a learned mask) need this module or dblast_jax.
 """
 
 from __future__ import annotations
