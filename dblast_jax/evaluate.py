@@ -427,7 +427,17 @@ def _parses(line: str) -> bool:
         return False
 
 
-def run_evaluation(target, drafters: Mapping[str, Any], *,
+def run_evaluation(target, drafters: Mapping[str, Any], **kw) -> dict:
+    """Evaluate `drafters` against plain decoding of `target`; resumable (see
+    `_run_evaluation` for the arguments). One run writes an `out_dir` at a time
+    (`out_dir/.lock`; a second is refused, naming the first)."""
+    from dblast_jax.workdir_lock import FolderLock
+    with FolderLock(str(kw.get("out_dir", "eval_out")), "evaluation",
+                    log=print if kw.get("progress", True) else None):
+        return _run_evaluation(target, drafters, **kw)
+
+
+def _run_evaluation(target, drafters: Mapping[str, Any], *,
                    benchmarks: Sequence[str] = ("humaneval", "mt-bench", "gsm8k",
                                                 "creative-writing"),
                    temperatures: Sequence[float] = (0.7, 1.0, 1.5),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
@@ -242,7 +243,7 @@ def drafter_from_spec(spec: str, target: Target, dtype=jnp.float32) -> Drafter:
         drafter = load_drafter(folder, target, dtype)
         drafter.name = name
         return drafter
-    if spec.startswith("random"):
+    if re.fullmatch(r"random(-k[1-9][0-9]*)?", spec):  # not a folder named random_...
         from dblast_jax.config import DrafterConfig
         k = int(spec.split("-k")[1]) if "-k" in spec else 1
         config = DrafterConfig.for_target(target.config, num_layers=1, block_size=8,
@@ -303,11 +304,15 @@ def named_drafters(specs: Sequence[str], target: Target, dtype=jnp.float32) -> d
 
 
 def export_drafter(drafter: Drafter, path: str | os.PathLike, format: str = "dflash",
-                   dtype: str = "float32") -> Path:
+                   dtype: str = "float32", *, force: bool = False) -> Path:
+    """Write `drafter` as a DFlash folder at `path` (see io.dflash.export_drafter): into
+    an absent or empty folder or over a previous export; any other folder is refused
+    unless `force`, which replaces only the files export writes. Non-finite parameters
+    are refused."""
     if format != "dflash":
         raise ValueError(f"unsupported export format {format!r}; supported: dflash")
     from dblast_jax.io.dflash import export_drafter as _export
-    return _export(drafter.params, drafter.config, path, dtype=dtype)
+    return _export(drafter.params, drafter.config, path, dtype=dtype, force=force)
 
 
 def acceptance_stats(accepted: np.ndarray, expected: np.ndarray, block_size: int) -> dict:

@@ -18,9 +18,10 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Optional
+
+from dblast_jax.io.atomic import atomic_write_json
 
 __all__ = ["PREFIX", "MANIFEST", "pretrained_root", "read_manifest", "available",
            "pretrained_folder", "is_pretrained_spec", "add_pretrained"]
@@ -28,6 +29,14 @@ __all__ = ["PREFIX", "MANIFEST", "pretrained_root", "read_manifest", "available"
 PREFIX = "pretrained:"
 MANIFEST = "manifest.json"
 ENV_VAR = "DBLAST_PRETRAINED_DIR"
+# files a loader could take weights from; a pretrained folder may hold only those the
+# manifest lists (an unlisted one would be read, or shadow a listed one, unchecked)
+TENSOR_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".npz", ".h5",
+                   ".msgpack", ".index.json")
+
+
+def is_tensor_file(name: str) -> bool:
+    return name.endswith(TENSOR_SUFFIXES)
 
 
 def pretrained_root(root: Optional[str | os.PathLike] = None) -> Path:
@@ -85,6 +94,13 @@ def pretrained_folder(name: str, root: Optional[str | os.PathLike] = None, *,
         raise ValueError(f"pretrained drafter {name!r} was trained for target "
                          f"{entry.get('target')!r}, not {target!r}")
     folder = base / entry["folder"]
+    if folder.is_dir():
+        unlisted = sorted(p.name for p in folder.iterdir()
+                          if is_tensor_file(p.name) and p.name not in entry["files"])
+        if unlisted:
+            raise ValueError(f"pretrained drafter {name!r}: {folder} holds tensor file(s) "
+                             f"{', '.join(unlisted)} that {base / MANIFEST} does not list "
+                             "(only the manifest's checked files may be loaded; remove them)")
     for file, want in entry["files"].items():
         path = folder / file
         if not path.exists():
@@ -118,11 +134,11 @@ def add_pretrained(name: str, export_folder: str | os.PathLike, *, target: str,
     for f in files:
         shutil.copyfile(src / f, dest / f)
     manifest = read_manifest(root)
+    old = manifest["drafters"].get(name, {})
+    if old.get("folder") == rel:  # a re-registered drafter: drop its files no longer written
+        for f in set(old.get("files", {})) - set(files):
+            (dest / f).unlink(missing_ok=True)
     manifest["drafters"][name] = {"target": target, "folder": rel, **dict(info),
                                   "files": {f: _sha256(dest / f) for f in files}}
-    fd, tmp = tempfile.mkstemp(dir=base, prefix=".manifest.")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(manifest, fh, indent=2, sort_keys=True)
-        fh.write("\n")
-    os.replace(tmp, base / MANIFEST)
+    atomic_write_json(base / MANIFEST, manifest, indent=2, sort_keys=True)
     return dest

@@ -5,11 +5,17 @@
         --prompts_per_benchmark=32 --max_new_tokens=256 --out=eval/smollm2
 
 Re-running with the same flags skips finished prompts (rows.jsonl in --out).
+An expected failure prints one line and exits with status 2; --debug (or DBLAST_DEBUG=1)
+shows the traceback.
 """
 
-from absl import app, flags
+from absl import flags
+
+from dblast_jax import errors
 
 FLAGS = flags.FLAGS
+flags.DEFINE_bool("debug", False, "show the traceback of every error, expected ones too "
+                  "(also: DBLAST_DEBUG=1)")
 flags.DEFINE_string("model", "smollm2-135m-instruct", "target preset, HF folder or .gguf file")
 flags.DEFINE_multi_string("drafter", None, "NAME=FOLDER[@mode=mixture,zt=0.5] or NAME=random-kN "
                           "(repeatable; '@' settings: this name's verify mode / category "
@@ -33,8 +39,14 @@ def main(argv):
     import jax.numpy as jnp
 
     from dblast_jax.evaluate import run_evaluation, table_markdown
-    from dblast_jax.generation import load_target, named_drafters
+    from dblast_jax.generation import load_target, named_drafters, parse_drafter_spec
 
+    errors.check_float_flags([("temperatures", FLAGS.temperatures)], minimum=0.0,
+                             example="0.7,1.0")
+    names = [parse_drafter_spec(spec)[0] for spec in FLAGS.drafter]
+    if FLAGS.baseline is not None and FLAGS.baseline not in names:  # before loading anything
+        raise ValueError(f"--baseline={FLAGS.baseline!r} is not one of the --drafter names "
+                         f"{names}; pass --baseline=NAME with one of them")
     dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[FLAGS.dtype]
     target = load_target(FLAGS.model, dtype=dtype)
     drafters = named_drafters(FLAGS.drafter, target, dtype)
@@ -49,4 +61,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    errors.run_absl(main, "launch/evaluate.py")

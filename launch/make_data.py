@@ -4,13 +4,18 @@
         --verify_temperatures=0.7,1.0,1.5 --max_new_tokens=512 --batch_size=8
 
 Re-running with the same flags skips finished shards; --max_shards bounds one session.
+An expected failure prints one line and exits with status 2; --debug (or DBLAST_DEBUG=1)
+shows the traceback.
 """
 
-from absl import app, flags
+from absl import flags
 
+from dblast_jax import errors
 from dblast_jax.data.cli_commands import run_regenerate
 
 FLAGS = flags.FLAGS
+flags.DEFINE_bool("debug", False, "show the traceback of every error, expected ones too "
+                  "(also: DBLAST_DEBUG=1)")
 flags.DEFINE_string("model", "smollm2-135m-instruct", "preset, HF folder or .gguf file")
 flags.DEFINE_string("out", None, "corpus folder", required=True)
 flags.DEFINE_list("pools", None, "training pools (default: all)")
@@ -31,6 +36,11 @@ flags.DEFINE_string("system", None, "system message")
 
 def main(argv):
     del argv
+    errors.check_float_flags([("gen_temperatures", FLAGS.gen_temperatures),
+                              ("verify_temperatures", FLAGS.verify_temperatures)],
+                             minimum=0.0, example="1.0")
+    errors.check_float_flags([("top_p", FLAGS.top_p)], minimum=0.0, strict=True, maximum=1.0,
+                             example="0.95")
     m = run_regenerate(
         FLAGS.model, FLAGS.out, pools=FLAGS.pools, limit=FLAGS.limit,
         gen_temperatures=[float(t) for t in FLAGS.gen_temperatures],
@@ -45,4 +55,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    errors.run_absl(main, "launch/make_data.py")

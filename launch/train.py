@@ -8,6 +8,9 @@
     python launch/train.py ... --coordinator_address=host0:1234 --num_processes=2 --process_id=0
 
 See launch/README.md for TPU pod and single-GPU commands.
+
+An expected failure (unknown experiment, bad flag, missing / malformed file) prints one line
+and exits with status 2; --debug (or DBLAST_DEBUG=1) shows the traceback.
 """
 
 from __future__ import annotations
@@ -23,7 +26,11 @@ try:
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from dblast_jax import errors  # noqa: E402  (after the checkout fallback above)
+
 FLAGS = flags.FLAGS
+flags.DEFINE_bool("debug", False, "show the traceback of every error, expected ones too "
+                  "(also: DBLAST_DEBUG=1)")
 flags.DEFINE_string("experiment", None, "experiment name (see --list_experiments); optional "
                     "when --workdir already holds a run (resume)")
 flags.DEFINE_multi_string("override", [], "key=value for any TrainConfig field (repeatable)")
@@ -91,7 +98,11 @@ def build_config():
     if FLAGS.data:
         changes["data"] = FLAGS.data
     if FLAGS.mesh:
-        changes["mesh"] = tuple(int(x) for x in FLAGS.mesh.split(","))
+        try:
+            changes["mesh"] = tuple(int(x) for x in FLAGS.mesh.split(","))
+        except ValueError:
+            raise app.UsageError(f"--mesh={FLAGS.mesh!r}: expected data,fsdp,tensor integers, "
+                                 "e.g. --mesh=-1,1,1") from None
     return config.replace(**changes) if changes else config
 
 
@@ -142,7 +153,6 @@ def main(argv):
     init_distributed()
     import jax
 
-    from dblast_jax.train.checkpoint import ForeignCheckpointError
     from dblast_jax.train.trainer import train
 
     config = build_config()
@@ -150,11 +160,8 @@ def main(argv):
         print(f"[train] {config.name}: {jax.process_count()} process(es), "
               f"{jax.device_count()} device(s), mesh {config.mesh}, workdir {FLAGS.workdir}",
               flush=True)
-    try:
-        result = train(config, FLAGS.workdir, stop_at=FLAGS.stop_at, progress=FLAGS.progress)
-    except ForeignCheckpointError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    # a foreign checkpoint, a missing corpus, a full disk...: one line, status 2 (run_absl)
+    result = train(config, FLAGS.workdir, stop_at=FLAGS.stop_at, progress=FLAGS.progress)
     if jax.process_index() == 0:
         last = result.history[-1] if result.history else {}
         print(json.dumps({"step": result.step, "export": result.export_path,
@@ -166,4 +173,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    errors.run_absl(main, "launch/train.py")

@@ -72,5 +72,5 @@ def test_demo_overrides_and_errors(capsys):
             parse_demo_overrides(bad, base)
     with pytest.raises(ValueError, match="baseline"):
         run_demo(base.replace(baseline="nobody"), "unused", progress=False)
-    assert cli.main(["demo", "--tiny", "--set", "bogus=1"]) == 1
+    assert cli.main(["demo", "--tiny", "--set", "bogus=1"]) == 2
     assert "demo override" in capsys.readouterr().err

@@ -60,7 +60,7 @@ def test_cli_fetch_rejects_unknown_names(capsys):
 
 
 def test_cli_generate_errors_cleanly(capsys):
-    assert cli.main(["generate", "--model", "/nonexistent", "--prompt", "hi"]) == 1
+    assert cli.main(["generate", "--model", "/nonexistent", "--prompt", "hi"]) == 2
     assert "neither a known preset" in capsys.readouterr().err
 
 
@@ -98,7 +98,7 @@ def test_cli_train_resume_and_export_round_trip(tmp_path, capsys):
 
 
 def test_cli_eval_needs_named_drafters(capsys):
-    assert cli.main(["eval", "--model", "tiny-llama", "--drafter", "nameless"]) == 1
+    assert cli.main(["eval", "--model", "tiny-llama", "--drafter", "nameless"]) == 2
     assert "NAME=FOLDER" in capsys.readouterr().err
 
 

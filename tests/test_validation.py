@@ -177,7 +177,7 @@ def test_cli_validate(tmp_path, capsys):
                                                                 rel=1e-4, abs=1e-7)
     assert (out / "prefix_acceptance.png").stat().st_size > 1000
     assert cli.main(["validate", "--model", "tiny-llama", "--drafter",
-                     "k1=random@mode=mixture", "--data", "synthetic"]) == 1
+                     "k1=random@mode=mixture", "--data", "synthetic"]) == 2
     assert "do not apply" in capsys.readouterr().err
 
 

@@ -15,10 +15,23 @@ __all__ = ["add_data_subcommands", "cmd_data_fetch", "cmd_data_regenerate", "cmd
 
 
 def _floats(text: str) -> tuple[float, ...]:
+    """Comma-separated temperatures: finite and >= 0 (nan / inf are refused)."""
+    from dblast_jax.errors import parse_finite
     try:
-        return tuple(float(x) for x in str(text).split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
+        return tuple(parse_finite(x, "value", minimum=0.0, example="0.7,1.0")
+                     for x in str(text).split(",") if x.strip())
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers >= 0, got {text!r} "
+                                         f"({str(e).removeprefix('value: ')})") from None
+
+
+def _top_p(text: str) -> float:
+    from dblast_jax.errors import parse_finite
+    try:
+        return parse_finite(text, "value", minimum=0.0, strict=True, maximum=1.0,
+                            example="0.95")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("value: ")) from None
 
 
 def _names(text: Optional[str]) -> Optional[list[str]]:
@@ -37,8 +50,8 @@ def cmd_data_fetch(args) -> int:
     try:
         paths = sources.fetch_sources(names)
     except (FetchError, ChecksumError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        print(f"dblast data fetch: error: {e}", file=sys.stderr)
+        return 2
     for name in names:
         spec = sources.SOURCES[name]
         n = len(sources.load_prompts(name))
@@ -156,7 +169,7 @@ def add_data_subcommands(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--verify-temperatures", type=_floats, default=(1.0,),
                    help="comma-separated temperatures to store target log-probs at")
     p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-p", type=_top_p, default=1.0)
     p.add_argument("--max-new-tokens", type=int, default=512)
     p.add_argument("--max-prompt-tokens", type=int, default=1024)
     p.add_argument("--batch-size", type=int, default=8)

@@ -39,6 +39,7 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
+from dblast_jax.io import atomic as _atomic
 from dblast_jax.io.fetch import sha256_file
 
 __all__ = ["FORMAT", "MANIFEST", "temperature_key", "shard_name", "write_shard", "read_shard",
@@ -59,18 +60,7 @@ def shard_name(index: int) -> str:
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write to a temp file in the same folder, then os.replace: never a half file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    _atomic.atomic_write_bytes(path, data)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -203,6 +193,7 @@ class Corpus:
         self.verify = verify
         self._cache: OrderedDict[int, dict] = OrderedDict()
         self._cache_size = max(1, int(cache_shards))
+        self._token_ranges: dict[int, tuple[int, int]] = {}  # shard -> (min id, max id)
 
     def __len__(self) -> int:
         return int(self._starts[-1])
@@ -227,10 +218,25 @@ class Corpus:
                 raise ValueError(f"corpus shard {path}: sha256 {actual} does not match the "
                                  f"manifest's {entry['sha256']} (corrupt or replaced)")
         arrays = read_shard(path)
+        toks = arrays["tokens"]
+        if toks.size:
+            self._token_ranges[k] = (int(toks.min()), int(toks.max()))
         self._cache[k] = arrays
         while len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
         return arrays
+
+    def token_range(self) -> Optional[tuple[int, int]]:
+        """(smallest, largest) token id over the selected shards (each shard is read once;
+        the usable-record scan of training reads them anyway)."""
+        for k in range(len(self.shards)):
+            if k not in self._token_ranges:
+                self.shard(k)
+        if not self._token_ranges:
+            return None
+        ranges = [self._token_ranges[k] for k in range(len(self.shards))
+                  if k in self._token_ranges]
+        return min(r[0] for r in ranges), max(r[1] for r in ranges)
 
     def locate(self, i: int) -> tuple[int, int]:
         if not 0 <= i < len(self):

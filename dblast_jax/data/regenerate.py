@@ -40,7 +40,7 @@ from dblast_jax.models import target as target_lm
 from dblast_jax.sampler import PAD_ID, cache_size_for, generate_tokens
 
 __all__ = ["RegenConfig", "WorkItem", "encode_work", "regenerate", "teacher_forced",
-           "params_digest"]
+           "params_digest", "params_fingerprint", "check_corpus_target"]
 
 PromptLike = Union[Prompt, Sequence[int]]
 
@@ -123,6 +123,58 @@ def params_digest(params) -> str:
         h.update(f"{jax.tree_util.keystr(path)}|{arr.dtype}|{arr.shape}|".encode())
         h.update(np.ascontiguousarray(arr).tobytes())
     return h.hexdigest()
+
+
+def params_fingerprint(params, sample: int = 1024) -> str:
+    """A cheap identity of target weights that does not depend on the dtype they were
+    loaded in (float32 or bfloat16 of the same checkpoint agree): every leaf's path and
+    shape and a strided sample of its values, rounded to bfloat16. Sliced before the
+    host copy, so it costs little even for a large target."""
+    import ml_dtypes
+    h = hashlib.sha256(b"dblast-params-fingerprint-v1|")
+    flat = jax.tree_util.tree_flatten_with_path(params)[0]
+    for path, leaf in sorted(flat, key=lambda kv: jax.tree_util.keystr(kv[0])):
+        shape = tuple(int(d) for d in np.shape(leaf))
+        size = int(np.prod(shape)) if shape else 1
+        step = max(1, size // sample)
+        values = np.asarray(leaf.reshape(-1)[::step][:sample] if hasattr(leaf, "reshape")
+                            else np.reshape(leaf, -1)[::step][:sample])
+        h.update(f"{jax.tree_util.keystr(path)}|{shape}|".encode())
+        h.update(values.astype(np.float32).astype(ml_dtypes.bfloat16).tobytes())
+    return h.hexdigest()
+
+
+def check_corpus_target(manifest: dict, corpus: str, target_name: str, params,
+                        log: Optional[Callable[[str], None]] = None) -> None:
+    """Raise ValueError unless the corpus's stored log-probs come from this target.
+
+    The manifest's `params_fingerprint` (corpora written since it exists) is compared
+    with this target's. An older manifest has none (its `params_sha256` hashes the
+    weights as loaded then: loader- and dtype-dependent, so it cannot be recomputed
+    reliably): its target is checked by name, and a different name is reported through
+    `log` as a warning."""
+    stored = manifest.get("target") or {}
+    theirs = stored.get("name", "?")
+    fix = ("its stored log-probs are another model's: train against the target that made "
+           "it, regenerate the corpus with this target (`dblast data regenerate`), or have "
+           "this target compute them (--override logp_source=target)")
+    fingerprint = stored.get("params_fingerprint")
+    if fingerprint:
+        ours = params_fingerprint(params)
+        if ours != fingerprint:
+            raise ValueError(f"corpus {corpus} was made by target {theirs!r}, whose weights "
+                             f"differ from this target {target_name!r} (parameter fingerprint "
+                             f"{fingerprint[:12]} vs {ours[:12]}); " + fix)
+        return
+    if log is None:
+        return
+    if theirs != target_name:
+        log(f"warning: corpus {corpus} was made by target {theirs!r}, this run trains "
+            f"against {target_name!r}; its manifest predates parameter fingerprints, so its "
+            f"stored log-probs are used as they are (if they are another model's: {fix})")
+    else:
+        log(f"note: corpus {corpus} predates parameter fingerprints; its target was checked "
+            f"by name ({theirs!r}) only")
 
 
 def _head(params, config: TargetConfig):
@@ -296,7 +348,8 @@ def _identity(target, items: Sequence[WorkItem], cfg: RegenConfig,
         "target": {"name": getattr(target, "name", "target"),
                    "config": json.loads(json.dumps(dataclasses.asdict(target.config),
                                                    default=str)),
-                   "params_sha256": params_digest(target.params)},
+                   "params_sha256": params_digest(target.params),
+                   "params_fingerprint": params_fingerprint(target.params)},
         "settings": {**cfg.to_json(), "stop_tokens": [int(t) for t in stop_tokens]},
         "prompts": {"count": len(items), "sha256": h.hexdigest(), "sources": sources,
                     "skipped_too_long": skipped},
@@ -305,8 +358,10 @@ def _identity(target, items: Sequence[WorkItem], cfg: RegenConfig,
 
 def _check_resume(existing: dict, identity: dict, folder: Path) -> None:
     for key in ("target", "settings", "prompts"):
-        if existing.get(key) != identity[key]:
-            old, new = existing.get(key) or {}, identity[key]
+        old, new = existing.get(key) or {}, identity[key]
+        if key == "target" and "params_fingerprint" not in old:
+            new = {k: v for k, v in new.items() if k != "params_fingerprint"}  # older corpus
+        if old != new:
             diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
             raise ValueError(f"{folder} holds a corpus made with a different {key} "
                              f"(differs in {diff}); use a new output folder or the "
@@ -321,7 +376,27 @@ def regenerate(target, prompts: Sequence[PromptLike], out_dir, cfg: RegenConfig 
     target: a `dblast_jax.generation.Target` (config, params, tokenizer, name).
     prompts: `Prompt` records (need the tokenizer) or token-id lists (pre-tokenised).
     max_shards: stop after this many *new* shards (the manifest says `complete: false`).
+    One run writes a folder at a time (`out_dir/.lock`; a second is refused).
     """
+    from dblast_jax.workdir_lock import FolderLock
+    with FolderLock(str(out_dir), "regeneration", log=print if progress else None):
+        return _regenerate(target, prompts, out_dir, cfg, max_shards=max_shards,
+                           progress=progress, stop_tokens=stop_tokens)
+
+
+def _check_prompt_ids(items: Sequence[WorkItem], vocab_size: int) -> None:
+    for w in items:
+        if w.tokens and (min(w.tokens) < 0 or max(w.tokens) >= vocab_size):
+            bad = max(w.tokens) if max(w.tokens) >= vocab_size else min(w.tokens)
+            raise ValueError(f"prompt {w.id} holds token id {bad}, outside the target's "
+                             f"vocabulary of {vocab_size} (ids 0 .. {vocab_size - 1}): the "
+                             "prompts were tokenized for another model; tokenize them with "
+                             "this target's tokenizer")
+
+
+def _regenerate(target, prompts: Sequence[PromptLike], out_dir, cfg: RegenConfig, *,
+                max_shards: Optional[int], progress: bool,
+                stop_tokens: Optional[Sequence[int]]) -> dict:
     folder = Path(out_dir)
     stops = tuple(int(t) for t in (target.stop_ids if stop_tokens is None else stop_tokens))
     all_items = encode_work(prompts, getattr(target, "tokenizer", None), cfg.system)
@@ -329,6 +404,7 @@ def regenerate(target, prompts: Sequence[PromptLike], out_dir, cfg: RegenConfig 
     if not items:
         raise ValueError(f"no prompt fits max_prompt_tokens={cfg.max_prompt_tokens} "
                          f"({len(all_items)} given)")
+    _check_prompt_ids(items, target.config.vocab_size)
     limit = target.config.max_position_embeddings
     need = _round_up(max(len(w.tokens) for w in items), cfg.pad_multiple) + cfg.max_new_tokens
     if need > limit:
@@ -428,7 +504,7 @@ def corpus_prompts(folder: Union[str, Path], shards: str) -> list[list[int]]:
 
     Answering them again at another temperature gives a held-out set *sampled at* that
     temperature for the same prompts: the AL estimate is the exact expected acceptance
-    only on text drawn from the target at T_v (DESIGN.md section 4)."""
+    only on text drawn from the target at T_v (docs/METHOD.md section 4)."""
     from dblast_jax.train.config import parse_shard_range
     first, stop = parse_shard_range(shards)
     source = corpus_io.Corpus(folder, first_shard=first, max_shards=stop)

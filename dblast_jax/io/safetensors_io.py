@@ -19,6 +19,8 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from dblast_jax.io.atomic import default_file_mode
+
 Index = tuple  # a tuple of slices, one per dimension
 
 # safetensors dtype tag -> numpy dtype name (bfloat16 via ml_dtypes, which jax registers).
@@ -29,6 +31,52 @@ _DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat
 
 class CheckpointError(ValueError):
     """A checkpoint folder or file is missing, corrupt, or does not match the config."""
+
+
+INDEX_SUFFIX = ".safetensors.index.json"
+
+
+def checkpoint_files(folder: str | os.PathLike) -> tuple[list[Path], Optional[Path]]:
+    """(the safetensors files that make up the checkpoint in `folder`, its index or None).
+
+    With one `*.safetensors.index.json`, the shards its weight_map names; a
+    `*.safetensors` beside them that the index does not name is refused (one loader
+    would ignore it, another take it for part of the checkpoint). Without an index,
+    the folder's single `*.safetensors`; several are refused, since nothing says how
+    they fit together (read in turn, a later file would silently override an earlier
+    one). No safetensors at all: ([], None), for the caller to word.
+    """
+    folder = Path(folder)
+    names = sorted(p.name for p in folder.iterdir() if p.is_file())
+    indexes = [n for n in names if n.endswith(INDEX_SUFFIX)]
+    tensors = [n for n in names if n.endswith(".safetensors")]
+    if len(indexes) > 1:
+        raise CheckpointError(f"{folder} holds several safetensors indexes "
+                              f"({', '.join(indexes)}); keep the one that describes the "
+                              "checkpoint")
+    if indexes:
+        index = folder / indexes[0]
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            listed = sorted(set(weight_map.values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise CheckpointError(f"index file {index} is not valid JSON with a "
+                                  f"'weight_map': {e}") from e
+        unlisted = [n for n in tensors if n not in listed]
+        if unlisted:
+            raise CheckpointError(f"{folder}: {', '.join(unlisted)} beside {index.name}, "
+                                  "which does not list it; remove the file or add its "
+                                  "tensors to the index")
+        missing = [n for n in listed if not (folder / n).is_file()]
+        if missing:
+            raise CheckpointError(f"index {index} refers to shard(s) that do not exist: "
+                                  f"{', '.join(missing)}")
+        return [folder / n for n in listed], index
+    if len(tensors) > 1:
+        raise CheckpointError(f"{folder} holds several safetensors files "
+                              f"({', '.join(tensors)}) and no *{INDEX_SUFFIX} to tie them "
+                              "together; keep one file or add an index")
+    return [folder / n for n in tensors], None
 
 
 def _open(path: Path):
@@ -80,6 +128,15 @@ class SafetensorsReader(contextlib.AbstractContextManager):
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> "SafetensorsReader":
         return cls([Path(path)])
+
+    @classmethod
+    def from_folder(cls, folder: str | os.PathLike) -> "SafetensorsReader":
+        """The checkpoint in `folder` (see `checkpoint_files`: its index's shards, or its
+        single safetensors file)."""
+        files, index = checkpoint_files(folder)
+        if not files:
+            raise CheckpointError(f"{folder} holds no *.safetensors files")
+        return cls.from_index(index) if index is not None else cls.from_file(files[0])
 
     @classmethod
     def from_index(cls, index_path: str | os.PathLike) -> "SafetensorsReader":
@@ -175,10 +232,12 @@ def write_safetensors(tensors: Mapping[str, np.ndarray], folder: str | os.PathLi
     folder = Path(folder)
     groups = shard_groups(((k, int(v.nbytes)) for k, v in tensors.items()), max_shard_bytes)
     meta = {"format": "pt"}
+    mode = default_file_mode()  # safetensors creates its files 0600; give the umask's mode
     if len(groups) == 1:
         name = f"{prefix}.safetensors"
         save_file({k: np.ascontiguousarray(tensors[k]) for k in groups[0]}, folder / name,
                   metadata=meta)
+        os.chmod(folder / name, mode)
         return [name]
     n = len(groups)
     weight_map: dict[str, str] = {}
@@ -187,6 +246,7 @@ def write_safetensors(tensors: Mapping[str, np.ndarray], folder: str | os.PathLi
         name = f"{prefix}-{i:05d}-of-{n:05d}.safetensors"
         save_file({k: np.ascontiguousarray(tensors[k]) for k in group}, folder / name,
                   metadata=meta)
+        os.chmod(folder / name, mode)
         weight_map.update({k: name for k in group})
         names.append(name)
     index = {"metadata": {"total_size": int(sum(v.nbytes for v in tensors.values()))},

@@ -3,16 +3,19 @@
 Workdir layout:
     experiment.json      identity: drafter config, target name, loss (never overwritten)
     train_config.json    the full TrainConfig of the latest start (restart needs only
-                         the workdir)
+                         the workdir); written once the checkpoint has been restored
+    .lock                held by the one trainer writing here (dblast_jax.workdir_lock)
     checkpoints/<step>/  orbax: state (params, optimizer state, step, RNG), data (the
                          data iterator's state, one JSON per process), experiment
-    metrics.jsonl        one JSON object per logged step
+    metrics.jsonl        one JSON object per logged step (a resume drops lines past its
+                         checkpoint and a last line cut short; see `read_log_rows`)
     export/              the drafter in DFlash format, written at the end
 
 Atomicity is orbax's: a step directory is written under a temporary name and renamed
 once every process has finished (multi-process: the primary process commits after a
-barrier), and only the `keep` newest are kept. A workdir whose identity differs from
-the run's is refused before anything is written.
+barrier), and only the `keep` newest are kept; the temporary folder of a save cut
+short is removed at the next start. A workdir whose identity differs from the run's is
+refused before anything is written.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import jax
 import orbax.checkpoint as ocp
@@ -32,7 +35,7 @@ CHECKPOINT_DIR = "checkpoints"
 IDENTITY_VERSION = 1
 
 __all__ = ["ForeignCheckpointError", "experiment_identity", "check_workdir", "Checkpointer",
-           "DataStateSave", "DataStateRestore", "read_train_config"]
+           "DataStateSave", "DataStateRestore", "read_train_config", "read_log_rows"]
 
 
 class ForeignCheckpointError(ValueError):
@@ -101,6 +104,41 @@ def check_workdir(workdir: str, identity: Mapping[str, Any]) -> bool:
     return False
 
 
+def read_log_rows(path: str, log: Optional[Callable[[str], None]] = None
+                  ) -> tuple[list[dict[str, Any]], list[str], bool]:
+    """The rows of an append-only JSON-lines log (metrics.jsonl, validation.jsonl):
+    (rows, their lines without the newline, whether a cut last line was dropped). A last
+    line that does not parse (a write cut short by a crash or a full disk) is dropped and
+    `log` gets one line saying so; a line before it that does not parse is an error
+    naming the file and the line."""
+    with open(path, "rb") as f:
+        text = f.read().decode("utf-8", errors="replace")
+    lines = text.split("\n")
+    while lines and not lines[-1].strip():
+        lines.pop()
+    rows, kept, dropped = [], [], False
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as e:
+            if n == len(lines):
+                dropped = True
+                if log is not None:
+                    log(f"{path}: dropped its incomplete last line {n} (a write cut short "
+                        "by a crash or a full disk); that step is redone")
+                break
+            raise ValueError(f"{path}:{n}: corrupt line in the middle of the log ({e}); "
+                             f"remove or repair line {n} (only a cut last line is dropped "
+                             "automatically), then rerun") from None
+        rows.append(row)
+        kept.append(line)
+    return rows, kept, dropped
+
+
 def read_train_config(workdir: str) -> Optional[dict[str, Any]]:
     path = os.path.join(workdir, CONFIG_FILE)
     return _read_json(path) if os.path.exists(path) else None
@@ -117,11 +155,8 @@ def _barrier(name: str) -> None:
 
 
 def _atomic_write_json(path: str, obj: Any) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
+    from dblast_jax.io.atomic import atomic_write_json
+    atomic_write_json(path, obj, indent=1, sort_keys=True)
 
 
 # ---- per-process data-iterator state as an orbax item ---------------------------------------
@@ -201,9 +236,19 @@ class Checkpointer:
                 _atomic_write_json(os.path.join(self.workdir, CONFIG_FILE), dict(train_config))
         _barrier("dblast_checkpoint_identity")
         self.directory = os.path.join(self.workdir, CHECKPOINT_DIR)
+        # A save cut short (kill, full disk) leaves <step>.orbax-checkpoint-tmp behind:
+        # never a step (latest_step ignores it); removed here so the step can be saved again.
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
-                                               enable_async_checkpointing=async_save)
+                                               enable_async_checkpointing=async_save,
+                                               cleanup_tmp_directories=True)
         self.manager = ocp.CheckpointManager(self.directory, options=options)
+
+    def write_train_config(self, train_config: Mapping[str, Any]) -> None:
+        """Record the run's TrainConfig (primary process); the trainer calls this once the
+        checkpoint has been restored, so a refused resume rewrites nothing."""
+        if _is_primary():
+            _atomic_write_json(os.path.join(self.workdir, CONFIG_FILE), dict(train_config))
+        _barrier("dblast_checkpoint_config")
 
     def latest_step(self) -> Optional[int]:
         return self.manager.latest_step()

@@ -13,7 +13,6 @@ lines with markers in the same colour.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -26,17 +25,13 @@ FALLBACK = {"block_nll": "loss"}
 
 
 def read_metrics(workdir: str | Path) -> list[dict]:
-    """The rows of `workdir/metrics.jsonl` (a cut last line is ignored)."""
+    """The rows of `workdir/metrics.jsonl` (a cut last line is ignored; a corrupt line
+    before it is an error naming the line)."""
+    from dblast_jax.train.checkpoint import read_log_rows
     path = Path(workdir) / "metrics.jsonl"
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: is {workdir} a training workdir?")
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
+    return read_log_rows(str(path))[0]
 
 
 def smooth(values: Sequence[float], window: int) -> np.ndarray:

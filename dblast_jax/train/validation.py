@@ -19,7 +19,6 @@ exported drafters (`dblast validate`).
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Callable, Iterator, Mapping, Optional
 
@@ -123,7 +122,8 @@ def validate_drafters(drafters: Mapping[str, Any], target: Any, data: str, *,
                       shards: str = "", num_batches: int = 8, batch_size: int = 8,
                       seq_len: int = 256, anchors_per_sequence: int = 24,
                       verify_temperature: float = 1.0, seed: int = 1234,
-                      progress: bool = True) -> dict[str, dict[str, Any]]:
+                      progress: bool = True,
+                      baseline: Optional[str] = None) -> dict[str, dict[str, Any]]:
     """{name: generation.Drafter} -> {name: mean held-out metrics}, every drafter on the
     same batches and anchors. Needs target log-probs in the data for the AL metrics
     (a corpus stores them; otherwise they are computed by the target at T_v). A drafter
@@ -132,6 +132,8 @@ def validate_drafters(drafters: Mapping[str, Any], target: Any, data: str, *,
     from dblast_jax.train.trainer import _compiled_eval  # the trainer's jitted eval step
     if not drafters:
         raise ValueError("no drafter to validate")
+    if baseline is not None and baseline not in drafters:  # refuse before any work
+        raise ValueError(f"baseline {baseline!r} is not one of the drafters {list(drafters)}")
     devices = np.array(jax.devices()[:1]).reshape(1, 1, 1)
     mesh = Mesh(devices, ("data", "fsdp", "tensor"))
     tparams = target.params
@@ -156,6 +158,11 @@ def validate_drafters(drafters: Mapping[str, Any], target: Any, data: str, *,
         batcher = batches_lib.Batcher(source, batch_size=batch_size, seq_len=seq_len,
                                       block_size=dcfg.block_size, seed=0)
         mode = "data" if batcher.with_logp else "target"
+        if name == names[0]:  # the same data for every drafter: checked once
+            batches_lib.check_data_for_target(
+                source, target.config, getattr(target, "name", target.config.name), tparams,
+                uses_logp=mode == "data", log=print if progress else None,
+                what="validation data")
         fn = _compiled_eval(cfg, dcfg, target.config, mode, mesh)
 
         def run_batch(local, rng, dparams=dparams, fn=fn, mode=mode):
@@ -178,8 +185,8 @@ def read_validation(workdir: str) -> list[dict[str, Any]]:
     path = os.path.join(workdir, VALIDATION_FILE)
     if not os.path.exists(path):
         return []
-    with open(path) as f:
-        return [json.loads(ln) for ln in f if ln.strip()]
+    from dblast_jax.train.checkpoint import read_log_rows  # a cut last line is skipped
+    return read_log_rows(path)[0]
 
 
 def validation_table(results: Mapping[str, Mapping[str, Any]],

@@ -1,0 +1,327 @@
+"""One error path for the `dblast` command and the absl launchers (launch/*.py).
+
+An *expected* failure (a missing or malformed file, an unknown name, a bad flag value, a
+full disk) ends the command with ONE line on stderr -- what is wrong, which file or field,
+how to fix it -- and exit status 2. Anything else is a bug: its traceback is shown and the
+status is 1. `--debug` (or the environment variable DBLAST_DEBUG=1) shows the traceback of
+expected failures too.
+
+    describe(err)        -> the one-line message of an expected error, None for a bug
+    report(err, prog)    -> prints it (or the traceback) and returns the exit status
+    run_absl(main, prog) -> app.run(main) with the same error path, for launch/*.py
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import math
+import os
+import sys
+import traceback
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+__all__ = ["EXIT_EXPECTED", "EXIT_BUG", "UnknownNameError", "check_float_flags",
+           "debug_enabled", "describe", "report", "non_utf8_argument", "parse_finite",
+           "read_json", "run_absl"]
+
+EXIT_EXPECTED = 2  # an expected failure: one line on stderr
+EXIT_BUG = 1  # an unexpected exception: the traceback
+DEBUG_ENV = "DBLAST_DEBUG"
+
+
+class UnknownNameError(KeyError):
+    """A name (experiment, preset, ...) that is not registered. A KeyError for callers
+    that catch one, printed as its message (a plain KeyError prints its repr)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "unknown name"
+
+
+def debug_enabled(flag: bool = False) -> bool:
+    """--debug given, or DBLAST_DEBUG set to anything but '', 0, false, no."""
+    env = os.environ.get(DEBUG_ENV, "").strip().lower()
+    return bool(flag) or env not in ("", "0", "false", "no", "off")
+
+
+# ---- argument checks ------------------------------------------------------------------------
+
+def non_utf8_argument(argv: Sequence[str]) -> Optional[str]:
+    """The message for the first command-line argument holding bytes that are not UTF-8
+    (Python keeps them as lone surrogates in sys.argv), or None when all are text."""
+    for i, arg in enumerate(argv):
+        if not isinstance(arg, str):
+            continue
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError as e:
+            prev = argv[i - 1] if i > 0 and str(argv[i - 1]).startswith("-") else None
+            name = arg.split("=", 1)[0] if arg.startswith("-") and "=" in arg else prev
+            where = f"the value of {name}" if name else f"argument {i + 1}"
+            return (f"{where} holds bytes that are not UTF-8 text (byte "
+                    f"{_surrogate_byte(arg[e.start])} at character {e.start}); pass UTF-8 "
+                    "text (check the terminal's or the script's encoding, e.g. LANG=C.UTF-8)")
+    return None
+
+
+def _surrogate_byte(ch: str) -> str:
+    code = ord(ch)
+    return f"0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"U+{code:04X}"
+
+
+def parse_finite(text: Any, what: str, *, minimum: Optional[float] = None,
+                 strict: bool = False, maximum: Optional[float] = None,
+                 example: str = "1.0") -> float:
+    """A float from a flag value; refuses nan / inf and values out of range with a
+    ValueError naming `what` (the flag) and an accepted example."""
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what}: expected a number, got {text!r} (e.g. {example})") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{what}: expected a finite number, got {text!r} (e.g. {example})")
+    if minimum is not None and (value <= minimum if strict else value < minimum):
+        rel = ">" if strict else ">="
+        raise ValueError(f"{what}: must be {rel} {minimum:g}, got {text!r} (e.g. {example})")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{what}: must be <= {maximum:g}, got {text!r} (e.g. {example})")
+    return value
+
+
+# ---- files named in messages ------------------------------------------------------------------
+
+def read_json(path: str | os.PathLike, fix: str = "fix or delete the file") -> Any:
+    """json.load of `path`; a parse error names the file, line and column and `fix`."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{os.fspath(path)}: not valid JSON at line {e.lineno} column "
+                         f"{e.colno} ({e.msg}); {fix}") from None
+
+
+_PATH_NAMES = ("path", "file", "filename", "fname", "cfg_path", "config_path", "index_path",
+               "meta_path", "prog_path", "record", "own", "p", "f")
+
+
+def _candidates(tb, suffixes: Optional[tuple[str, ...]]) -> list[str]:
+    """Files the failing frames were reading, innermost frame first: open file objects, then
+    path-like locals (with one of `suffixes`, when given) that exist as files."""
+    frames = []
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    found: list[str] = []
+    for frame in reversed(frames):
+        if frame.f_code.co_filename.startswith(os.path.dirname(json.__file__) + os.sep):
+            continue  # inside the json module: its locals are documents, not files
+        local = frame.f_locals
+        names = [n for n in _PATH_NAMES if n in local] + sorted(
+            n for n in local if n not in _PATH_NAMES)
+        handles, paths = [], []
+        for n in names:
+            v = local[n]
+            if isinstance(v, io.IOBase) and isinstance(getattr(v, "name", None), str):
+                handles.append(v.name)
+            elif isinstance(v, (str, os.PathLike)):
+                s = os.fspath(v)
+                if (isinstance(s, str) and 0 < len(s) < 4096 and "\n" not in s
+                        and (suffixes is None or s.endswith(suffixes)) and os.path.isfile(s)):
+                    paths.append(s)
+        for s in handles + paths:
+            if s not in found:
+                found.append(s)
+        if found:
+            return found
+    return found
+
+
+def _bad_json(path: str) -> Optional[tuple[int, int, str]]:
+    """(line, column, reason) of the first JSON error in `path` (a .jsonl: line by line),
+    or None when the file parses."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            if path.endswith(".jsonl"):
+                for lineno, line in enumerate(f, 1):
+                    if line.strip():
+                        try:
+                            json.loads(line)
+                        except json.JSONDecodeError as e:
+                            return lineno, e.colno, e.msg
+                return None
+            json.loads(f.read())
+    except json.JSONDecodeError as e:
+        return e.lineno, e.colno, e.msg
+    except (OSError, UnicodeDecodeError):
+        return None
+    return None
+
+
+def _json_message(err: json.JSONDecodeError) -> str:
+    files = _candidates(err.__traceback__, (".json", ".jsonl"))
+    for path in files:
+        bad = _bad_json(path)
+        if bad is not None:
+            line, col, reason = bad
+            fix = ("fix or delete that line" if path.endswith(".jsonl") else
+                   "fix the file, or re-create it (re-export a drafter folder, rerun the "
+                   "command that wrote it)")
+            return f"{path}: not valid JSON at line {line} column {col} ({reason}); {fix}"
+    where = f" in {files[0]}" if files else ""
+    return (f"invalid JSON{where} at line {err.lineno} column {err.colno} ({err.msg}); fix "
+            "the file or re-create it")
+
+
+def _unicode_message(err: UnicodeDecodeError) -> str:
+    files = _candidates(err.__traceback__, None)
+    byte = err.object[err.start:err.start + 1].hex() if err.object else "?"
+    where = files[0] if files else "a file"
+    return (f"{where}: not UTF-8 text (byte 0x{byte} at offset {err.start}); the file is "
+            "corrupt or not what this command reads: restore or re-create it")
+
+
+def _safetensors_message(err: Exception) -> str:
+    files = _candidates(err.__traceback__, (".safetensors",))
+    where = files[0] if files else "a .safetensors file"
+    return (f"cannot read {where}: not a complete safetensors file ({err}); the file is "
+            "truncated or corrupt: re-export or restore it")
+
+
+_FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+
+
+def _oserror_message(err: OSError) -> str:
+    path = err.filename if err.filename is not None else None
+    code = err.errno
+    if path is None and code in _FULL:  # a write() failed: name the file it was writing
+        files = _candidates(err.__traceback__, None)
+        path = files[0] if files else "a file"
+    if path is None or not err.strerror:
+        text = str(err)
+        return text if text else f"{type(err).__name__} (no details)"
+    path = os.fsdecode(path)
+    other = f" -> {os.fsdecode(err.filename2)}" if err.filename2 is not None else ""
+    if code in _FULL:
+        return (f"no space left on the device writing {path}{other}; free some space (or "
+                "choose a folder on another disk) and rerun: finished work is kept")
+    if isinstance(err, FileNotFoundError):
+        return f"{path}{other}: no such file or folder; check the path"
+    if isinstance(err, (FileExistsError, NotADirectoryError)):
+        return (f"{path}{other}: a file is in the way where a folder is needed "
+                "(or a folder where a file is needed); choose another path or move it")
+    if isinstance(err, IsADirectoryError):
+        return f"{path}{other}: is a folder where a file is needed; give the file's path"
+    if isinstance(err, PermissionError):
+        return (f"{path}{other}: permission denied; check its permissions or choose "
+                "another path")
+    if code == errno.EROFS:
+        return f"{path}{other}: read-only file system; choose a writable folder"
+    return f"{path}{other}: {err.strerror}"
+
+
+def _one_line(text: str) -> str:
+    return "; ".join(part.strip() for part in str(text).splitlines() if part.strip())
+
+
+def describe(err: BaseException) -> Optional[str]:
+    """The one-line message of an expected failure, or None for an unexpected one (a bug:
+    show its traceback)."""
+    if isinstance(err, json.JSONDecodeError):
+        return _one_line(_json_message(err))
+    if isinstance(err, UnicodeDecodeError):
+        return _one_line(_unicode_message(err))
+    if type(err).__name__ == "SafetensorError":
+        return _one_line(_safetensors_message(err))
+    if isinstance(err, KeyError):
+        # a registry lookup's message ("unknown experiment 'x'; known: ..."); a bare missing
+        # key (KeyError('hidden_size')) is a bug until proven otherwise
+        if isinstance(err, UnknownNameError):
+            return _one_line(str(err))
+        arg = err.args[0] if len(err.args) == 1 else None
+        if isinstance(arg, str) and " " in arg.strip():
+            return _one_line(arg)
+        return None
+    if isinstance(err, OSError):
+        return _one_line(_oserror_message(err))
+    if isinstance(err, ValueError):
+        return _one_line(str(err)) or f"{type(err).__name__} (no details)"
+    if isinstance(err, MemoryError):
+        return ("out of host memory; lower --batch-size / --seq-len (or the config's) or use "
+                "a machine with more RAM")
+    name = type(err).__name__
+    if name in ("FetchError", "UsageError"):  # dblast_jax.io.fetch, absl.app
+        return _one_line(str(err))
+    if name in ("XlaRuntimeError", "JaxRuntimeError") and "RESOURCE_EXHAUSTED" in str(err):
+        first = _one_line(str(err))[:300]
+        return (f"out of accelerator memory ({first}); lower --batch-size / seq_len or use "
+                "a smaller model")
+    return None
+
+
+def report(err: BaseException, prog: str, debug: bool = False,
+           stream=None) -> int:
+    """Print `err` for the user of `prog`; returns the exit status (2 expected, 1 bug)."""
+    stream = stream or sys.stderr
+    if isinstance(err, BrokenPipeError) and err.filename is None and not debug_enabled(debug):
+        # stdout's reader went away (`... | head`): nothing to report; keep the interpreter
+        # from failing again when it flushes stdout at exit (the Python docs' recipe)
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+        return 128 + 13  # what a shell reports for a process ended by SIGPIPE
+    message = describe(err)
+    if message is None or debug_enabled(debug):
+        traceback.print_exception(type(err), err, err.__traceback__, file=stream)
+        if message is not None:
+            print(f"{prog}: error: {message}", file=stream)
+        stream.flush()
+        return EXIT_BUG if message is None else EXIT_EXPECTED
+    print(f"{prog}: error: {message}", file=stream)
+    stream.flush()
+    return EXIT_EXPECTED
+
+
+# ---- absl launchers ----------------------------------------------------------------------------
+
+def check_float_flags(values: Iterable[tuple[str, Any]], **limits) -> None:
+    """Refuse nan / inf (and values out of `limits`) in (flag name, value or list) pairs."""
+    for name, value in values:
+        if value is None:
+            continue
+        items = value if isinstance(value, (list, tuple)) else [value]
+        for v in items:
+            parse_finite(v, f"--{name}", **limits)
+
+
+def run_absl(main: Callable[[list], Any], prog: str) -> None:
+    """`absl.app.run(main)` with the dblast error path: a flag error or an expected failure
+    in `main` is one line on stderr and exit status 2; `--debug` (define it in the launcher)
+    or DBLAST_DEBUG=1 shows tracebacks."""
+    from absl import app, flags
+
+    def parse(argv):
+        bad = non_utf8_argument(argv[1:])
+        if bad:
+            print(f"{prog}: error: {bad}", file=sys.stderr)
+            sys.exit(EXIT_EXPECTED)
+        try:
+            return flags.FLAGS(argv)
+        except flags.Error as e:
+            print(f"{prog}: error: {_one_line(str(e))} (--helpshort lists the flags)",
+                  file=sys.stderr)
+            sys.exit(EXIT_EXPECTED)
+
+    def guarded(argv):
+        try:
+            return main(argv)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as err:  # noqa: BLE001 -- sorted into expected / bug by describe
+            debug = bool(getattr(flags.FLAGS, "debug", False)) if "debug" in flags.FLAGS \
+                else False
+            return report(err, prog, debug)
+
+    app.run(guarded, flags_parser=parse)

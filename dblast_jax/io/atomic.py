@@ -1,0 +1,100 @@
+"""Atomic file writes shared by the whole project: a reader sees the old file or the new
+one, never half of one.
+
+Each write goes to a temporary file in the destination's folder, which is flushed and
+fsync'ed, given the mode a plain `open(path, "w")` would give (0o666 less the umask,
+e.g. 0o644; `tempfile.mkstemp` alone would leave 0o600), renamed over the destination
+with `os.replace`, and the folder is fsync'ed (best effort) so the rename survives a
+crash. The destination's parent folders are created when missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+from typing import Any
+
+__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_json", "current_umask",
+           "default_file_mode", "fsync_dir"]
+
+_UMASK_LOCK = threading.Lock()
+
+
+def _umask_from_proc() -> int | None:
+    try:  # Linux >= 4.7 reports it without changing it
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def current_umask() -> int:
+    """The process umask. Read from /proc where possible; otherwise set-and-restore (the
+    only portable way), under a lock so this module never races itself."""
+    mask = _umask_from_proc()
+    if mask is not None:
+        return mask
+    with _UMASK_LOCK:
+        old = os.umask(0o022)
+        os.umask(old)
+    return old
+
+
+def default_file_mode() -> int:
+    """The mode a newly created regular file gets: 0o666 & ~umask."""
+    return 0o666 & ~current_umask()
+
+
+def fsync_dir(folder: str | os.PathLike) -> None:
+    """fsync a folder so renames into it are durable; best effort (some platforms and
+    file systems cannot open or fsync a directory)."""
+    try:
+        fd = os.open(os.fspath(folder), os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write `data` to `path` atomically (temp file in the same folder, fsync, chmod to the
+    umask's normal mode, os.replace, fsync the folder). On any error the temp file is
+    removed and `path` is unchanged."""
+    path = os.fspath(path)
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, default_file_mode())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    fsync_dir(parent)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> None:
+    atomic_write_bytes(path, text.encode(encoding))
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 2,
+                      sort_keys: bool = False) -> None:
+    """`obj` as JSON (plus a final newline), written atomically. The text is produced
+    before anything is written, so an unserialisable object leaves `path` untouched."""
+    atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=sort_keys) + "\n")
