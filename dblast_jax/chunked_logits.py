@@ -37,7 +37,7 @@ from jax import lax
 
 Array = jax.Array
 
-__all__ = ["TokenLogprobs", "token_logprobs", "token_logprobs_naive"]
+__all__ = ["TeacherTopK", "TokenLogprobs", "teacher_topk", "token_logprobs", "token_logprobs_naive"]
 
 _LAYOUTS = ("vh", "hv")
 
@@ -193,3 +193,56 @@ def token_logprobs(hidden: Array, head_weight: Array, head_layout: str, targets:
         logprob, argmax, entropy = run(h, t)
     return TokenLogprobs(logprob.reshape(lead), argmax.reshape(lead),
                          entropy.reshape(lead) if with_entropy else None)
+
+
+class TeacherTopK(NamedTuple):
+    """The k most likely tokens of softmax(z / T) per row (a truncated teacher)."""
+
+    ids: Array  # [..., k] int32, most likely first
+    logprob: Array  # [..., k] float32, their log-probabilities (normalised over all V)
+
+
+def teacher_topk(hidden: Array, head_weight: Array, head_layout: str, k: int,
+                 temperature=1.0, chunk_size: int = 8192) -> TeacherTopK:
+    """Top-k of softmax(hidden @ head / temperature) by vocabulary chunks, no gradient.
+
+    Distillation targets for a drafter: the frozen target's distribution at one position
+    reduced to its k most likely tokens plus the tail mass 1 - sum(exp(logprob)). One pass
+    over the head (a running top-k merged with each chunk's top-k, and an online
+    logsumexp for the normaliser), so [N, V] logits never exist. hidden [..., H]."""
+    hidden = lax.stop_gradient(jnp.asarray(hidden))
+    vocab = _check(hidden, head_weight, head_layout, jnp.zeros(hidden.shape[:-1], jnp.int32))
+    _check_temperature(temperature)
+    k = int(k)
+    if not 1 <= k <= vocab:
+        raise ValueError(f"teacher top-k must lie in [1, {vocab}], got {k}")
+    chunk = max(min(int(chunk_size), vocab), k)
+    w = lax.stop_gradient(head_weight)
+    dtype = jnp.float32
+    lead = hidden.shape[:-1]
+    h = hidden.reshape(-1, hidden.shape[-1])
+    n = h.shape[0]
+    axis = 0 if head_layout == "vh" else 1
+    cols0 = jnp.arange(chunk, dtype=jnp.int32)
+
+    def body(carry, c):
+        m, s, top_v, top_i = carry
+        nominal = c * chunk
+        start = jnp.minimum(nominal, vocab - chunk)
+        wc = lax.dynamic_slice_in_dim(w, start, chunk, axis=axis)
+        z = jnp.where((start + cols0 >= nominal)[None, :],
+                      _logits(h, wc, head_layout, temperature, dtype), -jnp.inf)
+        m_new = jnp.maximum(m, jnp.max(z, axis=-1))
+        s = s * jnp.exp(m - m_new) + jnp.sum(jnp.exp(z - m_new[:, None]), axis=-1)
+        cv, ci = lax.top_k(z, k)
+        both_v = jnp.concatenate([top_v, cv], axis=-1)
+        both_i = jnp.concatenate([top_i, ci.astype(jnp.int32) + start], axis=-1)
+        best_v, pick = lax.top_k(both_v, k)
+        return (m_new, s, best_v, jnp.take_along_axis(both_i, pick, axis=-1)), None
+
+    init = (jnp.full((n,), -jnp.inf, dtype), jnp.zeros((n,), dtype),
+            jnp.full((n, k), -jnp.inf, dtype), jnp.zeros((n, k), jnp.int32))
+    steps = jnp.arange(math.ceil(vocab / chunk), dtype=jnp.int32)
+    (m, s, top_v, top_i), _ = lax.scan(body, init, steps)
+    logprob = top_v - (m + jnp.log(s))[:, None]
+    return TeacherTopK(top_i.reshape(lead + (k,)), logprob.reshape(lead + (k,)))

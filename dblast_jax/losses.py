@@ -1,4 +1,4 @@
-"""Training objectives for block drafters (DESIGN.md section 4).
+"""Training objectives for block drafters (docs/METHOD.md section 4).
 
 Every function here is a pure, jittable function of arrays laid out as
 
@@ -100,6 +100,8 @@ __all__ = [
     "al_surrogate",
     "al_surrogate_terms",
     "combined_loss",
+    "mixture_posterior",
+    "topk_distill_per_anchor",
     "linear_warmup_schedule",
     "tau_schedule",
 ]
@@ -394,6 +396,63 @@ def combined_loss(logq: Array, prior_logits: Optional[Array], logp: Optional[Arr
         "tau": jnp.asarray(tau, logq.dtype),
     })
     return loss, metrics
+
+
+# ----------------------------------------------------------------------------- distillation
+
+
+def mixture_posterior(logq: Array, prior_logits: Optional[Array], mask=None) -> Array:
+    """log post(z | x*_<i) [B, A, K, P]: the mixture's branch posterior before position i,
+    proportional to pi_z prod_{j<i} q_{z,j}(x*_j) (masked positions leave it alone).
+    K = 1: zeros."""
+    logq = _check_logq(logq)
+    b, a, k, p = logq.shape
+    pos_mask = _position_mask(mask, (b, a, p))
+    lq = jnp.where(pos_mask[:, :, None, :], logq, 0.0)
+    log_pi = _log_prior(prior_logits, (b, a, k), logq.dtype)
+    prev = log_pi[..., None] + jnp.concatenate(
+        [jnp.zeros_like(lq[..., :1]), jnp.cumsum(lq, axis=-1)[..., :-1]], axis=-1)
+    norm = safe_logsumexp(prev, axis=2)[:, :, None, :]
+    return jnp.where(jnp.isfinite(norm), prev - jnp.where(jnp.isfinite(norm), norm, 0.0),
+                     -jnp.inf)
+
+
+def topk_distill_per_anchor(logq_ids: Array, teacher_logp: Array, logq: Array,
+                            prior_logits: Optional[Array], mask=None,
+                            position_weights: Optional[Array] = None) -> tuple[Array, Array]:
+    """Distillation from a top-k truncated teacher: (soft CE, KL) per anchor [B, A].
+
+    logq_ids [B, A, K, P, k]: each branch's log q at the teacher's k token ids;
+    teacher_logp [B, A, P, k]: the teacher's log p of those ids (tail mass 1 - sum p);
+    logq [B, A, K, P]: each branch's log q of the data tokens (for the posterior).
+    The student at position i is the mixture's conditional given the data prefix,
+    Q_i = sum_z post(z | x*_<i) q_{z,i} (the proposal `sampled-mixture` verifies with;
+    K = 1: q itself). Both distributions are coarsened to the k ids plus one "other"
+    bucket, so the loss is KL(p_coarse || Q_coarse) up to the teacher's entropy:
+    ce_i = -sum_j p_j log Q_i(v_j) - p_tail log(1 - sum_j Q_i(v_j)). Summed over valid
+    positions (optionally weighted), like the NLL."""
+    logq_ids = _as_float(logq_ids)
+    if logq_ids.ndim != 5:
+        raise ValueError(f"logq_ids must be [batch, anchors, K, positions, k], got "
+                         f"{logq_ids.shape}")
+    b, a, k, p, top = logq_ids.shape
+    if teacher_logp.shape != (b, a, p, top):
+        raise ValueError(f"teacher_logp must be {(b, a, p, top)}, got {teacher_logp.shape}")
+    pos_mask = _position_mask(mask, (b, a, p))
+    log_post = mixture_posterior(logq, prior_logits, pos_mask)
+    log_q = safe_logsumexp(log_post[..., None] + logq_ids, axis=2)  # [B, A, P, k]
+    t = _as_float(teacher_logp)
+    p_top = jnp.exp(t)
+    p_tail = jnp.clip(1.0 - jnp.sum(p_top, axis=-1), 0.0, 1.0)
+    q_tail = jnp.clip(1.0 - jnp.sum(jnp.exp(log_q), axis=-1), 1e-6, 1.0)
+    finite_q = jnp.where(jnp.isfinite(log_q), log_q, -1e4)  # a filtered id: large, finite
+    ce = -(jnp.sum(p_top * finite_q, axis=-1) + p_tail * jnp.log(q_tail))
+    ent = -(jnp.sum(jnp.where(p_top > 0, p_top * t, 0.0), axis=-1)
+            + jnp.where(p_tail > 0, p_tail * jnp.log(jnp.where(p_tail > 0, p_tail, 1.0)), 0.0))
+    w = pos_mask.astype(ce.dtype)
+    if position_weights is not None:
+        w = w * jnp.asarray(position_weights, ce.dtype)[None, None, :]
+    return jnp.sum(ce * w, axis=-1), jnp.sum((ce - ent) * w, axis=-1)
 
 
 # ----------------------------------------------------------------------------- schedules

@@ -96,7 +96,7 @@ def test_registry_and_overrides():
     with pytest.raises(KeyError, match="unknown experiment"):
         TC.get_experiment("nope")
     dc = TC.get_experiment("smollm2_dblast_k4_al").drafter_config(TargetConfig.smollm2_135m())
-    assert dc.num_categories == 4 and dc.block_size == 8 and dc.mask_token_id is None
+    assert dc.num_categories == 4 and dc.block_size == 8 and dc.mask_token_id == 16
 
 
 # ---- anchors and data -----------------------------------------------------------------------
@@ -258,7 +258,7 @@ def test_k4_nll_al_beats_k1_dflash_at_temperature_1_5(runs):
         print(f"{name}: AL (sampled-branch) {ev['al_estimate']:.3f}, AL (mixture verify) "
               f"{ev['al_estimate_mixture']:.3f}, nll {ev['nll']:.3f}, top1 "
               f"{[round(x, 3) for x in ev['top1']]}")
-    # DESIGN.md's AL estimate (sampled-branch verification) ...
+    # The AL estimate of docs/METHOD.md section 4 (sampled-branch verification) ...
     assert k4["al_estimate"] > k1["al_estimate"] + 0.05
     # ... and the acceptance of mixture verification, where K > 1 pays most.
     assert k4["al_estimate_mixture"] > k1["al_estimate_mixture"] + 0.2

@@ -40,7 +40,8 @@ Record = dict[str, Any]
 __all__ = [
     "as_record", "load_jsonl", "ListSource", "SyntheticMultiModal", "Batcher",
     "IteratorBatcher", "collate", "record_is_usable", "eligible_anchor_mask",
-    "sample_anchors", "gather_block", "block_labels", "make_source",
+    "sample_anchors", "gather_block", "block_labels", "make_source", "token_id_range",
+    "check_data_for_target",
 ]
 
 
@@ -272,6 +273,49 @@ def make_source(data: str, *, vocab_size: int, block_size: int, seq_len: int,
                      "TFDS dataset folder (`dblast data tfds`)")
 
 
+# ---- data / target compatibility ----------------------------------------------------------
+
+def token_id_range(source: Any) -> Optional[tuple[int, int]]:
+    """(smallest, largest) token id of a source's records, where that is cheap to know (a
+    corpus folder, in-memory / .jsonl records); None otherwise (synthetic data are drawn
+    inside the vocabulary; a TFDS copy is not scanned)."""
+    inner = getattr(source, "source", None)  # a wrapper (cached features) over a source
+    if hasattr(source, "token_range"):
+        return source.token_range()
+    if isinstance(source, ListSource):
+        toks = [np.asarray(r["tokens"]) for r in source.records if len(r["tokens"])]
+        if not toks:
+            return None
+        return min(int(t.min()) for t in toks), max(int(t.max()) for t in toks)
+    if inner is not None and inner is not source:
+        return token_id_range(inner)
+    return None
+
+
+def check_data_for_target(source: Any, target_config: Any, target_name: str, target_params: Any,
+                          *, uses_logp: bool, log: Optional[Callable[[str], None]] = None,
+                          what: str = "data") -> None:
+    """Raise ValueError when `source` cannot train / be scored against this target: token
+    ids outside its vocabulary (no padding is stored: every id must be a real token), or,
+    when the run uses the log-probs stored in a corpus, a corpus made by another target
+    (its manifest's target digest; see `regenerate.check_corpus_target`)."""
+    name = getattr(source, "name", type(source).__name__)
+    span = token_id_range(source)
+    vocab = int(target_config.vocab_size)
+    if span is not None and (span[0] < 0 or span[1] >= vocab):
+        bad = span[1] if span[1] >= vocab else span[0]
+        raise ValueError(f"{what} {name}: token id {bad} (ids span {span[0]} .. {span[1]}) "
+                         f"lies outside the vocabulary of target {target_name!r} "
+                         f"(vocab_size {vocab}, ids 0 .. {vocab - 1}): the data were "
+                         "tokenized for another model; use data made for this target "
+                         "(`dblast data regenerate`) or train against the target they "
+                         "were made with")
+    manifest = getattr(source, "manifest", None)
+    if uses_logp and isinstance(manifest, Mapping):
+        from dblast_jax.data.regenerate import check_corpus_target
+        check_corpus_target(manifest, name, target_name, target_params, log)
+
+
 # ---- batch assembly -----------------------------------------------------------------------
 
 def collate(records: Sequence[Record], seq_len: int, with_logp: Optional[bool] = None
@@ -303,6 +347,9 @@ def collate(records: Sequence[Record], seq_len: int, with_logp: Optional[bool] =
             raise ValueError(f"cached taps cover {taps[0].shape[0]} positions, the batch "
                              f"{seq_len}: the cache was built for another seq_len")
         out["taps"] = np.stack(taps)
+    for key in ("teacher_ids", "teacher_logp"):  # the cached teacher's top-k, [seq_len, k]
+        if records and key in records[0]:
+            out[key] = np.stack([r[key] for r in records])
     return out
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import typing
 from typing import Any, Iterable, Optional
 
@@ -19,6 +20,7 @@ from dblast_jax.config import DrafterConfig, TargetConfig
 LOSSES = ("dflash", "nll", "nll+al")
 LOGP_SOURCES = ("auto", "data", "target")
 PARAM_DTYPES = ("float32", "bfloat16")
+NONFINITE_POLICIES = ("error", "skip")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +40,10 @@ class TrainConfig:
     num_categories: int = 1  # K
     expander_width: int = -1  # -1: automatic (0 for K = 1, max(16, H // 4) otherwise)
     block_size: int = 16
-    mask_token_id: int = -1  # -1: learned mask embedding (targets without a spare row)
+    # the token whose embedding row fills the block's masked slots, as in DFlash (the
+    # recipes below set one per target: see SMOLLM2_MASK_TOKEN_ID); -1: a learned mask
+    # embedding instead (DBlast-only: such exports do not load in DFlash / vLLM)
+    mask_token_id: int = -1
 
     # ---- objective
     loss: str = "dflash"  # "dflash" | "nll" | "nll+al"
@@ -53,6 +58,14 @@ class TrainConfig:
     verify_temperature: float = 1.0  # T_v of the target log-probs in the AL terms
     logp_source: str = "auto"  # "data" (stored in the corpus), "target" (on the fly), "auto"
     track_al: bool = True  # AL metrics even when the loss does not need target log-probs
+    # distillation: + distill_weight * soft CE against the target's distribution at T_v at
+    # every block position, truncated to its distill_topk most likely tokens + tail mass
+    # (train/distill.py; stored in the feature cache when one is used). 0 disables.
+    distill_weight: float = 0.0
+    distill_topk: int = 64
+    # "random", or "target": drafter layers / norms start from the target's own layers
+    # after the deepest tap (train/warm_start.py)
+    drafter_init: str = "random"
 
     # ---- optimisation
     learning_rate: float = 6e-4
@@ -74,6 +87,11 @@ class TrainConfig:
     keep_checkpoints: int = 3
     log_every: int = 1
     export: bool = True  # write workdir/export (DFlash format) at the end
+    # a step with a non-finite loss / gradient / update is never applied nor saved;
+    # "error": the run stops there (the last good checkpoint stays), "skip": the step is
+    # skipped and counted (metrics `skipped_steps`), an error past max_skipped_steps
+    nonfinite_policy: str = "error"
+    max_skipped_steps: int = 10
 
     # ---- held-out validation (workdir/validation.jsonl), so overfitting and the real
     # acceptance of the drafter on text it never saw are visible during a run
@@ -105,6 +123,11 @@ class TrainConfig:
                             f"{self.num_categories} (use 'nll' or 'nll+al')")
         if self.logp_source not in LOGP_SOURCES:
             problems.append(f"logp_source {self.logp_source!r} is not one of {LOGP_SOURCES}")
+        if self.nonfinite_policy not in NONFINITE_POLICIES:
+            problems.append(f"nonfinite_policy {self.nonfinite_policy!r} is not one of "
+                            f"{NONFINITE_POLICIES}")
+        if self.max_skipped_steps < 0:
+            problems.append(f"max_skipped_steps must be >= 0, got {self.max_skipped_steps}")
         if self.param_dtype not in PARAM_DTYPES:
             problems.append(f"param_dtype {self.param_dtype!r} is not one of {PARAM_DTYPES}")
         if self.feature_cache_dtype not in PARAM_DTYPES:
@@ -125,11 +148,18 @@ class TrainConfig:
         if self.batch_size % self.grad_accum_steps:
             problems.append(f"batch_size {self.batch_size} is not divisible by "
                             f"grad_accum_steps {self.grad_accum_steps}")
+        if not self.distill_weight >= 0:
+            problems.append(f"distill_weight must be >= 0, got {self.distill_weight}")
+        if self.drafter_init not in ("random", "target"):
+            problems.append(f"drafter_init {self.drafter_init!r} is not one of "
+                            "('random', 'target')")
+        if self.distill_topk < 1:
+            problems.append(f"distill_topk must be >= 1, got {self.distill_topk}")
         if self.verify_temperature <= 0:
             problems.append(f"verify_temperature must be > 0, got {self.verify_temperature}")
         if self.tau_start < 0 or self.tau_end < 0:
             problems.append("tau_start and tau_end must be >= 0")
-        if self.learning_rate <= 0:
+        if self.learning_rate <= 0:  # nan passes here: the non-finite step guard stops it
             problems.append(f"learning_rate must be > 0, got {self.learning_rate}")
         if not 0 <= self.warmup_fraction < 1:
             problems.append(f"warmup_fraction must be in [0, 1), got {self.warmup_fraction}")
@@ -238,7 +268,7 @@ def _coerce(hint, value, key: str):
             return True
         if s in ("0", "false", "no", "off"):
             return False
-        raise ValueError(f"override {key}={value!r}: expected a boolean")
+        raise ValueError(f"override {key}={value!r}: expected a boolean (e.g. {key}=true)")
     if hint is int:
         if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
             raise ValueError(f"override {key}={value!r}: expected an integer")
@@ -246,12 +276,18 @@ def _coerce(hint, value, key: str):
             return int(float(value)) if isinstance(value, str) and "e" in value.lower() \
                 else int(value)
         except (TypeError, ValueError):
-            raise ValueError(f"override {key}={value!r}: expected an integer") from None
+            raise ValueError(f"override {key}={value!r}: expected an integer (e.g. {key}=8)"
+                             ) from None
     if hint is float:
         try:
-            return float(value)
+            number = float(value)
         except (TypeError, ValueError):
-            raise ValueError(f"override {key}={value!r}: expected a number") from None
+            raise ValueError(f"override {key}={value!r}: expected a number (e.g. {key}=1.0)"
+                             ) from None
+        if not math.isfinite(number):
+            raise ValueError(f"override {key}={value!r}: expected a finite number "
+                             f"(e.g. {key}=1.0)")
+        return number
     return str(value)
 
 
@@ -274,9 +310,27 @@ def apply_overrides(config: TrainConfig, overrides: Iterable[str]) -> TrainConfi
 
 # ---- experiment registry -----------------------------------------------------------------
 
+# Mask tokens of the recipes (DFlash fills a block's masked slots with the embedding of a
+# token the text never contains; `mask_token_id=-1` trains a learned mask embedding
+# instead). A recipe run on another target must set its own (`mask_token_id=N`).
+# SmolLM2 (vocabulary 49152): 16 = `<empty_output>`, one of the 17 special tokens of its
+# tokenizer (0-16: <|endoftext|>, <|im_start|>, <|im_end|>, then the code / notebook
+# markers of its pre-training data). Chat never uses it, and it occurs in neither shipped
+# corpus (corpora/smollm2_t1, corpora/smollm2_heldout_t15; tests/test_mask_tokens.py
+# checks), while <repo_name> (3) and <jupyter_start> (11) do, once each, in the T = 1
+# corpus. The tiny-smollm2 test preset has the same vocabulary.
+SMOLLM2_MASK_TOKEN_ID = 16
+# Qwen3: DFlash's own choice (dflash_config.mask_token_id of z-lab's Qwen3-8B-DFlash-b16),
+# a reserved added token past the text vocabulary.
+QWEN3_MASK_TOKEN_ID = 151669
+# tiny-llama on synthetic data: 0 is the batches' padding id, never a record's token.
+TINY_MASK_TOKEN_ID = 0
+
+
 def _tiny(**kw) -> TrainConfig:
     """Tiny target, synthetic multi-modal data at T_v = 1.5: seconds per run on a CPU."""
     base = dict(target="tiny-llama", data="synthetic", drafter_layers=1, block_size=4,
+                mask_token_id=TINY_MASK_TOKEN_ID,
                 gamma=4.0, verify_temperature=1.5, learning_rate=3e-3, warmup_fraction=0.05,
                 weight_decay=0.0, num_steps=200, batch_size=8, anchors_per_sequence=8,
                 seq_len=48, checkpoint_every=50, keep_checkpoints=2, mesh=(-1, 1, 1),
@@ -287,12 +341,13 @@ def _tiny(**kw) -> TrainConfig:
 
 def _smollm2(**kw) -> TrainConfig:
     """SmolLM2-135M-Instruct target (runs on this CPU): b = 8 (a 16-token verify costs
-    ~3x a decode step here, PERF_NOTES.md), a 2-layer drafter, the DFlash recipe
+    ~3x a decode step here, docs/METHOD.md section 6), a 2-layer drafter, the DFlash recipe
     otherwise. A step is compute-bound on the frozen target pass over B * T tokens and
     the K-fold LM head over B * A * K * (b - 1) rows (launch/README.md has the numbers):
     size batch / seq_len / anchors to the machine. The corpus comes from the data issue:
     pass --data."""
     base = dict(target="smollm2-135m-instruct", data="", drafter_layers=2, block_size=8,
+                mask_token_id=SMOLLM2_MASK_TOKEN_ID,
                 gamma=4.0, verify_temperature=1.0, learning_rate=6e-4, warmup_fraction=0.04,
                 num_steps=2000, batch_size=8, anchors_per_sequence=32, seq_len=256,
                 checkpoint_every=100, keep_checkpoints=3, logits_chunk_size=8192)
@@ -304,6 +359,7 @@ def _qwen3(**kw) -> TrainConfig:
     """Qwen3-8B (a local HF folder, --target): DFlash's recipe, b = 16, 5 drafter layers,
     hundreds of anchors per sequence. Sized for a TPU pod / large GPU."""
     base = dict(target="", data="", drafter_layers=5, block_size=16, gamma=7.0,
+                mask_token_id=QWEN3_MASK_TOKEN_ID,
                 verify_temperature=1.0, learning_rate=6e-4, warmup_fraction=0.04,
                 num_steps=60000, batch_size=64, anchors_per_sequence=256, seq_len=2048,
                 checkpoint_every=1000, keep_checkpoints=3, mesh=(-1, 1, 1),
@@ -350,8 +406,10 @@ def get_experiment(name: str, overrides: Iterable[str] = ()) -> TrainConfig:
     try:
         config = EXPERIMENTS[name]
     except KeyError:
-        raise KeyError(f"unknown experiment {name!r}; known: {', '.join(sorted(EXPERIMENTS))}"
-                       ) from None
+        from dblast_jax.errors import UnknownNameError  # a KeyError that prints its message
+        raise UnknownNameError(f"unknown experiment {name!r}; known: "
+                               f"{', '.join(sorted(EXPERIMENTS))} (launch/train.py "
+                               "--list_experiments describes them)") from None
     return apply_overrides(config, overrides)
 
 

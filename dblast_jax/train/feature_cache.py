@@ -24,7 +24,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +33,7 @@ import numpy as np
 from dblast_jax.config import TargetConfig
 from dblast_jax.models import target as target_lib
 from dblast_jax.train import batches as batches_lib
+from dblast_jax.train import distill
 
 __all__ = ["FeatureCache", "CachedFeatureSource", "build_feature_cache", "records_digest",
            "params_digest", "FORMAT"]
@@ -97,8 +98,31 @@ class FeatureCache:
                              f"{self._taps.dtype}, meta.json says {want} {self.dtype}: "
                              "corrupt; delete the folder to rebuild it")
 
+        self.teacher_topk = int(self.meta.get("teacher_topk", 0))
+        self._teacher_ids = self._teacher_logp = None
+        if self.teacher_topk:
+            try:
+                self._teacher_ids = np.load(self.folder / "teacher_ids.npy", mmap_mode="r")
+                self._teacher_logp = np.load(self.folder / "teacher_logp.npy", mmap_mode="r")
+            except (OSError, ValueError) as e:
+                raise ValueError(f"feature cache {self.folder}: the teacher arrays are "
+                                 f"unreadable ({e}): corrupt; delete the folder to rebuild "
+                                 "it") from None
+            tshape = want[:2] + (self.teacher_topk,)
+            if self._teacher_ids.shape != tshape or self._teacher_logp.shape != tshape:
+                raise ValueError(f"feature cache {self.folder}: teacher arrays are "
+                                 f"{self._teacher_ids.shape} / {self._teacher_logp.shape}, "
+                                 f"expected {tshape}: corrupt; delete the folder to rebuild it")
+
     def __len__(self) -> int:
         return int(self._taps.shape[0])
+
+    def teacher(self, i: int) -> Optional[tuple[np.ndarray, np.ndarray]]:
+        """(ids [seq_len, k] int32, logp [seq_len, k] float32) of record i, or None."""
+        if not self.teacher_topk:
+            return None
+        return (np.asarray(self._teacher_ids[int(i)]),
+                np.asarray(self._teacher_logp[int(i)], np.float32))
 
     def taps(self, i: int) -> np.ndarray:
         x = np.asarray(self._taps[int(i)])
@@ -123,6 +147,9 @@ class CachedFeatureSource:
     def __getitem__(self, i: int) -> dict[str, Any]:
         rec = dict(self.source[i])
         rec["taps"] = self.cache.taps(i)
+        teacher = self.cache.teacher(i)
+        if teacher is not None:
+            rec["teacher_ids"], rec["teacher_logp"] = teacher
         return rec
 
     def usable_indices(self, seq_len: int, block_size: int):
@@ -137,10 +164,15 @@ def build_feature_cache(source: Any, target_config: TargetConfig, target_params:
                         tap_layers: Sequence[int], seq_len: int, folder: os.PathLike | str, *,
                         target_name: str = "target", dtype: str = "float32",
                         batch_size: int = 8, progress: bool = True, log=print,
-                        build: bool = True) -> FeatureCache:
+                        build: bool = True, teacher_topk: int = 0,
+                        teacher_temperature: float = 1.0,
+                        head: Optional[tuple[Any, str]] = None) -> FeatureCache:
     """The cache of `source` under `folder` (built, or resumed, when not finished).
     build=False only opens a finished cache (the other processes of a multi-process run:
-    build it first with a single-process run, e.g. `launch/train.py ... --stop_at=0`)."""
+    build it first with a single-process run, e.g. `launch/train.py ... --stop_at=0`).
+    teacher_topk > 0 also stores the target's top-k distribution per position at
+    teacher_temperature (train/distill.py's convention) from the same pass; `head` is the
+    target's (LM head weight, layout)."""
     if dtype not in DTYPES:
         raise ValueError(f"feature cache dtype {dtype!r}: expected one of {sorted(DTYPES)}")
     try:
@@ -155,6 +187,11 @@ def build_feature_cache(source: Any, target_config: TargetConfig, target_params:
             "target": target_name, "target_digest": params_digest(target_params),
             "tap_layers": [int(x) for x in tap_layers], "seq_len": int(seq_len),
             "hidden_size": int(target_config.hidden_size), "dtype": dtype}
+    if teacher_topk:  # only then: caches without a teacher keep their old key
+        if head is None:
+            raise ValueError("a feature cache with the teacher's top-k needs the target's head")
+        meta["teacher_topk"] = int(teacher_topk)
+        meta["teacher_temperature"] = float(teacher_temperature)
     sub = Path(folder) / _fingerprint(meta)[:16]
     sub.mkdir(parents=True, exist_ok=True)
     meta_path, prog_path, taps_path = sub / "meta.json", sub / "progress.json", sub / "taps.npy"
@@ -172,20 +209,40 @@ def build_feature_cache(source: Any, target_config: TargetConfig, target_params:
                                 "single-process run first (launch/train.py ... --stop_at=0)")
     _atomic_json(meta_path, meta)
     shape = (n, seq_len, len(meta["tap_layers"]), meta["hidden_size"])
-    if done and taps_path.exists():
+    tshape = (n, seq_len, int(teacher_topk))
+    tpaths = (sub / "teacher_ids.npy", sub / "teacher_logp.npy")
+    if done and taps_path.exists() and (not teacher_topk or all(p.exists() for p in tpaths)):
         taps = np.load(taps_path, mmap_mode="r+")
         if taps.shape != shape:
             raise ValueError(f"feature cache {sub}: taps.npy is {taps.shape}, expected {shape}"
                              "; delete the folder to rebuild it")
+        t_ids, t_logp = ((np.load(tpaths[0], mmap_mode="r+"), np.load(tpaths[1], mmap_mode="r+"))
+                         if teacher_topk else (None, None))
     else:
         done = 0
         taps = np.lib.format.open_memmap(taps_path, mode="w+", dtype=DTYPES[dtype],
                                          shape=shape)
+        t_ids = t_logp = None
+        if teacher_topk:
+            t_ids = np.lib.format.open_memmap(tpaths[0], mode="w+", dtype=np.int32, shape=tshape)
+            t_logp = np.lib.format.open_memmap(tpaths[1], mode="w+", dtype=np.float32,
+                                               shape=tshape)
         _atomic_json(prog_path, {"done": 0, "complete": False})
 
     layers = tuple(meta["tap_layers"])
-    forward = jax.jit(lambda p, t: target_lib.forward(p, t, config=target_config,
-                                                      tap_layers=layers)[1])
+    last = target_config.num_layers - 1
+    fwd_layers = layers + ((last,) if teacher_topk and last not in layers else ())
+    final_idx = fwd_layers.index(last) if teacher_topk else None
+
+    def pass_fn(p, t):
+        out = target_lib.forward(p, t, config=target_config, tap_layers=fwd_layers)[1]
+        if not teacher_topk:
+            return out, None
+        teacher = distill.teacher_from_final(out[:, :, final_idx], head[0], head[1],
+                                             teacher_topk, teacher_temperature)
+        return out[:, :, :len(layers)], teacher
+
+    forward = jax.jit(pass_fn)
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -195,8 +252,13 @@ def build_feature_cache(source: Any, target_config: TargetConfig, target_params:
         recs = [source[i] for i in idx]
         recs += [recs[-1]] * (batch_size - len(recs))  # one compiled shape
         tokens = batches_lib.collate(recs, seq_len, with_logp=False)["tokens"]
-        out = np.asarray(jax.device_get(forward(target_params, jnp.asarray(tokens))),
-                         np.float32)[:len(idx)]
+        out, teacher = forward(target_params, jnp.asarray(tokens))
+        out = np.asarray(jax.device_get(out), np.float32)[:len(idx)]
+        if teacher is not None:
+            t_ids[done:done + len(idx)] = np.asarray(teacher.ids)[:len(idx)]
+            t_logp[done:done + len(idx)] = np.asarray(teacher.logp)[:len(idx)]
+            t_ids.flush()
+            t_logp.flush()
         if dtype == "bfloat16":  # round to nearest even, keep the top 16 bits
             bits = out.view(np.uint32)
             out = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
@@ -208,7 +270,7 @@ def build_feature_cache(source: Any, target_config: TargetConfig, target_params:
             bar.update(len(idx))
     if bar is not None:
         bar.close()
-    del taps
+    del taps, t_ids, t_logp
     log(f"feature cache {sub}: {n} records x {seq_len} tokens x {len(layers)} taps")
     return FeatureCache(sub)
 

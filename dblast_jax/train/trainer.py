@@ -18,12 +18,16 @@ The step, for a batch of B sequences of T tokens (right-padded) and A anchors ea
   4. `losses.combined_loss`: DFlash (position-decayed CE, K = 1), mixture NLL, or
      NLL + lambda * truncated AL surrogate, with lambda and tau on schedules;
   5. gradients (optionally accumulated over micro-batches with a scan), global-norm
-     clipping, AdamW with linear warmup + cosine decay.
+     clipping, AdamW with linear warmup + cosine decay;
+  6. a step whose loss, gradient norm or update is not finite is not applied; the host
+     stops the run there (`nonfinite_policy` "error", before any checkpoint of it) or
+     skips it ("skip", up to `max_skipped_steps`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import json
 import os
@@ -45,18 +49,37 @@ from dblast_jax.config import DrafterConfig, TargetConfig
 from dblast_jax.models import drafter as drafter_lib
 from dblast_jax.models import target as target_lib
 from dblast_jax.train import batches as batches_lib
+from dblast_jax.train import distill
 from dblast_jax.train import validation as validation_lib
-from dblast_jax.train.checkpoint import Checkpointer, check_workdir, experiment_identity
+from dblast_jax.train import warm_start
+from dblast_jax.train.checkpoint import (Checkpointer, check_workdir, experiment_identity,
+                                         read_log_rows)
 from dblast_jax.train.config import TrainConfig
+from dblast_jax.workdir_lock import FolderLock, FolderLockedError
 
 Array = jax.Array
 Params = dict[str, Any]
 
 __all__ = ["TrainState", "TrainResult", "make_optimizer", "lr_schedule", "loss_terms",
            "make_train_step", "target_features", "mixture_conditional_logq", "Trainer", "train",
-           "target_head", "resolve_target", "step_memory_analysis"]
+           "target_head", "resolve_target", "step_memory_analysis", "NonFiniteError",
+           "TrainingIOError", "check_data_for_target"]
 
 COUNT_METRICS = ("valid_anchors", "tokens", "label_tokens")
+FINITE_KEY = "finite_step"  # per-step flag of the train step; not a logged metric
+
+
+class NonFiniteError(FloatingPointError, ValueError):
+    """A train step produced a non-finite loss, gradient or update (str(): one line)."""
+
+
+class TrainingIOError(OSError):
+    """Writing a checkpoint or a metrics line failed, e.g. a full disk (str(): one line
+    with the step, the file and the fix; `errno` is the underlying error's)."""
+
+    def __init__(self, message: str, errno_: Optional[int] = None):
+        super().__init__(message)
+        self.errno = errno_
 
 
 @struct.dataclass
@@ -148,19 +171,37 @@ def target_features(tparams: Params, tokens: Array, *, drafter_config: DrafterCo
     logp [B, T] or None). logp[t] = log p(tokens[t] | tokens[<t]) at `logp_temperature`
     (logp[:, 0] = 0), from the tapped final hidden state through the LM head by
     vocabulary chunks; the target's own [B, T, V] logits are never used (XLA drops them)."""
+    taps, logp, _ = target_features_and_teacher(
+        tparams, tokens, drafter_config=drafter_config, target_config=target_config,
+        logp_temperature=logp_temperature, chunk_size=chunk_size,
+        row_chunk_size=row_chunk_size)
+    return taps, logp
+
+
+def target_features_and_teacher(tparams: Params, tokens: Array, *,
+                                drafter_config: DrafterConfig, target_config: TargetConfig,
+                                logp_temperature: Optional[float] = None,
+                                chunk_size: int = 8192, row_chunk_size: Optional[int] = None,
+                                teacher_topk: int = 0, teacher_temperature: float = 1.0
+                                ) -> tuple[Array, Optional[Array], Optional[distill.Teacher]]:
+    """`target_features` plus, when teacher_topk > 0, the target's top-k distribution at
+    `teacher_temperature` per position (distill.Teacher [B, T, k]) from the same pass."""
     tparams = lax.stop_gradient(tparams)
     need = logp_temperature is not None
-    tap_layers, final_idx = _tap_plan(drafter_config, target_config, need)
+    tap_layers, final_idx = _tap_plan(drafter_config, target_config, need or teacher_topk > 0)
     _, taps = target_lib.forward(tparams, tokens, config=target_config, tap_layers=tap_layers)
     taps = lax.stop_gradient(taps)
-    logp = None
+    logp = teacher = None
+    head, layout = target_head(tparams, target_config)
     if need:
-        head, layout = target_head(tparams, target_config)
         final = taps[:, :, final_idx]
         nxt = token_logprobs(final[:, :-1], head, layout, tokens[:, 1:], logp_temperature,
                              chunk_size, row_chunk_size=row_chunk_size).logprob
         logp = lax.stop_gradient(jnp.pad(nxt, ((0, 0), (1, 0))))
-    return taps[:, :, :len(drafter_config.target_layer_ids)], logp
+    if teacher_topk > 0:
+        teacher = distill.teacher_from_final(taps[:, :, final_idx], head, layout, teacher_topk,
+                                             teacher_temperature, chunk_size)
+    return taps[:, :, :len(drafter_config.target_layer_ids)], logp, teacher
 
 
 def _dtype_of_tree(params: Params):
@@ -199,17 +240,26 @@ def loss_terms(dparams: Params, tparams: Params, batch: Mapping[str, Array], rng
     # -- the frozen target: features (and log-probs of the data at T_v)
     tparams = lax.stop_gradient(tparams)
     head, layout = target_head(tparams, tcfg)
+    teacher = None
     if "taps" in batch:  # cached features (feature_cache): the target pass was done once
         if logp_mode == "target":
             raise ValueError("cached features hold the drafter's taps only; target log-probs "
                              "must come with the data (logp_source 'data' / 'auto')")
         drafter_taps, logp_tok = batch["taps"].astype(_dtype_of_tree(tparams)), None
+        if cfg.distill_weight > 0:
+            if "teacher_ids" not in batch:
+                raise ValueError("distill_weight > 0 with a feature cache built without the "
+                                 "teacher's top-k: rebuild it (the cache key includes "
+                                 "distill_topk)")
+            teacher = distill.Teacher(batch["teacher_ids"], batch["teacher_logp"])
     else:
-        drafter_taps, logp_tok = target_features(
+        drafter_taps, logp_tok, teacher = target_features_and_teacher(
             tparams, tokens, drafter_config=dcfg, target_config=tcfg,
             logp_temperature=cfg.verify_temperature if logp_mode == "target" else None,
             chunk_size=cfg.logits_chunk_size,
-            row_chunk_size=cfg.logits_row_chunk_size or None)
+            row_chunk_size=cfg.logits_row_chunk_size or None,
+            teacher_topk=cfg.distill_topk if cfg.distill_weight > 0 else 0,
+            teacher_temperature=cfg.verify_temperature)
     if logp_mode == "data":
         logp_tok = batch["logp"].astype(jnp.float32)
 
@@ -248,6 +298,19 @@ def loss_terms(dparams: Params, tparams: Params, batch: Mapping[str, Array], rng
             al = losses.masked_anchor_mean(per, jnp.any(pos_mask, axis=-1))
             metrics["al_estimate"] = al
             metrics["predicted_tau"] = losses.predicted_tau(al)
+    if teacher is not None:  # distillation from the target's top-k distribution
+        ids_blk = batches_lib.gather_block(teacher.ids, anchors, b)  # [B, A, P, k]
+        tlogp_blk = batches_lib.gather_block(teacher.logp.astype(jnp.float32), anchors, b)
+        logq_ids = distill.student_logq_at(branch_hidden, head, layout, ids_blk,
+                                           branch_labels, logq)
+        dweights = decay if (cfg.loss == "dflash" or cfg.nll_position_decay) else None
+        ce, kl = losses.topk_distill_per_anchor(logq_ids, tlogp_blk, logq, prior_logits,
+                                                pos_mask, dweights)
+        valid_anchor = jnp.any(pos_mask, axis=-1)
+        metrics["distill_ce"] = losses.masked_anchor_mean(ce, valid_anchor)
+        metrics["distill_kl"] = losses.masked_anchor_mean(kl, valid_anchor)
+        loss = loss + cfg.distill_weight * metrics["distill_ce"]
+        metrics["loss"] = loss
     if logp_block is not None:
         # The AL of `sampled-mixture` verification (Q = the mixture's own conditionals):
         # where K > 1 can beat the best single product proposal. al_estimate above is `sampled-branch`,
@@ -328,8 +391,17 @@ def make_train_step(config: TrainConfig, drafter_config: DrafterConfig,
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         metrics = dict(metrics)
+        # A non-finite loss, gradient or update is never applied: the state keeps its
+        # last finite parameters and optimizer moments (the host decides, per
+        # `nonfinite_policy`, whether the run stops or skips the step).
+        finite = (jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
+                  & jnp.isfinite(optax.tree.norm(updates)))
+        keep = lambda new_leaf, old_leaf: jnp.where(finite, new_leaf, old_leaf)
+        params = jax.tree.map(keep, params, state.params)
+        opt_state = jax.tree.map(keep, opt_state, state.opt_state)
         metrics["lr"] = jnp.asarray(schedule(state.step), jnp.float32)
         metrics["grad_norm"] = grad_norm
+        metrics[FINITE_KEY] = finite
         new = TrainState(step=state.step + 1, params=params, opt_state=opt_state, rng=state.rng)
         return new, metrics
 
@@ -438,7 +510,8 @@ def _step_cache_key(config: TrainConfig) -> TrainConfig:
     return config.replace(name="", data="", target="", checkpoint_every=1, keep_checkpoints=1,
                           log_every=1, export=False, seed=0, validate_every=0,
                           validation_data="", validation_shards="", validation_batches=1,
-                          feature_cache="", feature_cache_dtype="float32")
+                          feature_cache="", feature_cache_dtype="float32",
+                          nonfinite_policy="error", max_skipped_steps=0)
 
 
 # ---- targets and data ---------------------------------------------------------------------------
@@ -459,6 +532,9 @@ def resolve_target(target: Any, config: TrainConfig):
         return tcfg, tparams, (target[2] if len(target) == 3 else tcfg.name)
     raise TypeError(f"target must be a Target, (TargetConfig, params) or None; got "
                     f"{type(target).__name__}")
+
+
+check_data_for_target = batches_lib.check_data_for_target
 
 
 def _make_batcher(data: Any, config: TrainConfig, tcfg: TargetConfig, rows: tuple[int, int]):
@@ -502,6 +578,17 @@ class TrainResult:
     params: Any = None  # final drafter params (global jax arrays)
 
 
+def _os_error_in(e: Optional[BaseException]) -> Optional[OSError]:
+    """The OSError behind `e` (itself, or in its cause / context chain), if any."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, OSError):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def _to_py(x):
     x = np.asarray(x)
     return x.tolist() if x.ndim else x.item()
@@ -536,18 +623,72 @@ class Trainer:
         self.rows = _local_rows(self.batch_row_sharding((config.batch_size, config.seq_len)),
                                 (config.batch_size, config.seq_len))
         self.batcher = _make_batcher(data, config, tcfg, self.rows)
+        self._check_data(getattr(self.batcher, "source", None), tparams,
+                         getattr(self.batcher, "with_logp", None), "training data")
+        if isinstance(getattr(self.batcher, "with_logp", None), bool):  # refused now, not at step 1
+            self.logp_mode(("logp",) if self.batcher.with_logp else ())
         self.validation_data = self._validation_data(data, validation_data, tcfg)
+        if self.validation_data is not None:
+            self._check_data(self.validation_data, tparams, None, "validation data")
         if config.feature_cache:
             self._use_feature_cache(tparams, tname)
         self._setup_shardings(tparams)
 
-        record = dict(config.to_dict(), target=config.target or tname)
-        self.ckpt = Checkpointer(self.workdir, self.identity, keep=config.keep_checkpoints,
-                                 train_config=record, async_save=async_checkpoints)
-        self.tparams = jax.tree.map(lambda x, s: _put(x, s), tparams, self.tparams_sh)
-        self.state = self._init_or_restore()
+        # One writer per workdir (the primary process holds the lock for the run); then
+        # nothing in the workdir is rewritten before the checkpoint has been restored.
+        self._lock = None
+        self._failed = False
+        self._take_lock()
+        try:
+            record = dict(config.to_dict(), target=config.target or tname)
+            self.ckpt = Checkpointer(self.workdir, self.identity, keep=config.keep_checkpoints,
+                                     async_save=async_checkpoints)
+            self.tparams = jax.tree.map(lambda x, s: _put(x, s), tparams, self.tparams_sh)
+            self.skipped_steps = 0
+            self.state = self._init_or_restore()
+            self.ckpt.write_train_config(record)
+        except BaseException:
+            if hasattr(self, "ckpt"):
+                try:
+                    self.ckpt.close()
+                except Exception:
+                    pass
+            self._release_lock()
+            raise
 
     # -- setup
+    def _take_lock(self) -> None:
+        """Process 0 locks the workdir; every process learns whether it got it."""
+        refused = None
+        if jax.process_index() == 0:
+            try:
+                self._lock = FolderLock(self.workdir, "training", log=self.log).acquire()
+            except Exception as e:  # noqa: BLE001 -- the other processes must hear of it too
+                refused = e
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+            got = multihost_utils.broadcast_one_to_all(np.int32(refused is None))
+            if not int(got) and refused is None:
+                refused = FolderLockedError(f"{self.workdir} is in use by another training "
+                                            "(process 0 names it); wait for it or use "
+                                            "another workdir")
+        if refused is not None:
+            raise refused
+
+    def _check_data(self, source: Any, tparams: Params, with_logp: Optional[bool],
+                    what: str) -> None:
+        """Token ids within the target's vocabulary; a corpus's stored log-probs from
+        this target (when this run reads them)."""
+        if source is None:
+            return
+        cfg = self.config
+        if with_logp is None:
+            with_logp = getattr(source, "manifest", None) is not None
+        uses_logp = ((cfg.uses_al or cfg.track_al) and cfg.logp_source != "target"
+                     and bool(with_logp))
+        check_data_for_target(source, self.target_config, self.target_name, tparams,
+                              uses_logp=uses_logp, log=self.log, what=what)
+
     def _use_feature_cache(self, tparams: Params, tname: str) -> None:
         """Read the frozen target's taps from a cache built once (feature_cache.py)."""
         from dblast_jax.train import feature_cache as fc
@@ -565,7 +706,10 @@ class Trainer:
             self.batcher.source, self.target_config, tparams,
             self.drafter_config.target_layer_ids, cfg.seq_len, cfg.feature_cache,
             target_name=tname, dtype=cfg.feature_cache_dtype, batch_size=cfg.batch_size,
-            progress=self.progress, log=self.log, build=jax.process_count() == 1)
+            progress=self.progress, log=self.log, build=jax.process_count() == 1,
+            teacher_topk=cfg.distill_topk if cfg.distill_weight > 0 else 0,
+            teacher_temperature=cfg.verify_temperature,
+            head=target_head(tparams, self.target_config))
         self.batcher.source = fc.CachedFeatureSource(self.batcher.source, cache)
 
     def _validation_data(self, data: Any, given: Any, tcfg: TargetConfig) -> Any:
@@ -605,6 +749,9 @@ class Trainer:
         cfg = self.config
         host = drafter_lib.init_drafter_params(self.drafter_config, self.target_config,
                                                cfg.seed, self.dtype)
+        if cfg.drafter_init == "target":
+            host = warm_start.warm_start_from_target(host, self.tparams, self.drafter_config,
+                                                     self.target_config)
         params = jax.tree.map(lambda x, s: _put(x, s), host, self.state_sh.params)
         opt_state = jax.jit(self.tx.init, out_shardings=self.state_sh.opt_state)(params)
         return TrainState(step=_put(np.int32(0), self.state_sh.step), params=params,
@@ -624,26 +771,101 @@ class Trainer:
         latest = self.ckpt.latest_step()
         if latest is None:
             self.start_step = 0
-            return self._fresh_state()
+            state = self._fresh_state()
+            # lines of an earlier attempt that never reached a checkpoint are redone
+            for check_only in (True, False):
+                for name in ("metrics.jsonl", validation_lib.VALIDATION_FILE):
+                    self._truncate_metrics(0, name, check_only=check_only)
+            return state
         state, data_state = self.ckpt.restore(self._abstract_state(), latest)
+        if isinstance(data_state, Mapping) and "nonfinite_skipped" in data_state:
+            data_state = dict(data_state)
+            self.skipped_steps = int(data_state.pop("nonfinite_skipped"))
         self.batcher.set_state(data_state)
         self.start_step = int(latest)
+        for name in ("metrics.jsonl", validation_lib.VALIDATION_FILE):
+            self._truncate_metrics(latest, name, check_only=True)
         self.log(f"resumed {self.workdir} at step {latest}")
         for name in ("metrics.jsonl", validation_lib.VALIDATION_FILE):
             self._truncate_metrics(latest, name)
         return TrainState.from_dict(state)
 
-    def _truncate_metrics(self, step: int, name: str = "metrics.jsonl") -> None:
-        """Drop metric lines written after the restored checkpoint (they will be redone)."""
+    def _truncate_metrics(self, step: int, name: str = "metrics.jsonl",
+                          check_only: bool = False) -> None:
+        """Drop metric lines written after the restored checkpoint (they will be redone),
+        and a last line cut short by a crash or a full disk (one log line says so). A
+        corrupt line before the last is an error naming the file and line."""
         path = os.path.join(self.workdir, name)
         if jax.process_index() != 0 or not os.path.exists(path):
             return
-        with open(path) as f:
-            keep = [ln for ln in f if ln.strip() and json.loads(ln).get("step", 0) <= step]
+        rows, lines, dropped = read_log_rows(path, log=None if check_only else self.log)
+        if check_only:
+            return
+        keep = [ln for row, ln in zip(rows, lines) if row.get("step", 0) <= step]
+        if len(keep) == len(lines) and not dropped:
+            with open(path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                if f.tell() == 0:
+                    return
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) == b"\n":
+                    return  # nothing to drop, ends with a newline: leave it untouched
         tmp = path + ".tmp"
         with open(tmp, "w") as f:
-            f.writelines(keep)
+            f.writelines(ln + "\n" for ln in keep)
         os.replace(tmp, path)
+
+    def _append_row(self, path: str, row: Mapping[str, Any], step: int) -> None:
+        """One JSON line appended to a workdir log (primary process)."""
+        try:
+            with open(path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+        except OSError as e:
+            raise self._io_error(f"could not append step {step} to {path}", e) from e
+
+    def _io_error(self, what: str, e: BaseException) -> TrainingIOError:
+        self._failed = True
+        cause = _os_error_in(e)
+        err = getattr(cause, "errno", None)
+        try:
+            last = self.ckpt.latest_step()
+        except Exception:
+            last = None
+        resume = (f"step {last}, its last finished checkpoint" if last is not None
+                  else "step 0: no checkpoint was finished yet")
+        text = " ".join(str(cause or e).split())
+        reason = f"the disk is full ({text})" if err == errno.ENOSPC else text
+        fix = ("free disk space and rerun the same command" if err == errno.ENOSPC
+               else "fix the cause and rerun the same command")
+        return TrainingIOError(f"{what}: {reason}; {fix}: training resumes from {resume}",
+                               err)
+
+    def _check_finite(self, pending: list) -> None:
+        """Host check of the finite flags of the steps run since the last check."""
+        if not pending:
+            return
+        flags = jax.device_get([p[1] for p in pending])
+        cfg = self.config
+        bad = [(p[0], p[2]) for p, ok in zip(pending, flags) if not bool(ok)]
+        pending.clear()
+        for step, vals in bad:
+            loss, gnorm = (float(v) for v in jax.device_get(vals))
+            what = f"non-finite training step {step} (loss {loss}, grad norm {gnorm})"
+            if cfg.nonfinite_policy == "skip" and self.skipped_steps < cfg.max_skipped_steps:
+                self.skipped_steps += 1
+                self.log(f"{what}: update skipped ({self.skipped_steps} of at most "
+                         f"{cfg.max_skipped_steps})")
+                continue
+            self._failed = True
+            last = self.ckpt.latest_step()
+            kept = (f"the last good checkpoint (step {last}) is kept" if last is not None
+                    else "no checkpoint was written")
+            limit = (f" after {self.skipped_steps} skipped steps (max_skipped_steps "
+                     f"{cfg.max_skipped_steps})" if cfg.nonfinite_policy == "skip" else "")
+            raise NonFiniteError(
+                f"{what}{limit} in {self.workdir}; nothing non-finite was saved and no export "
+                f"was written, {kept}. Lower learning_rate (it is {cfg.learning_rate}) or "
+                "grad_clip, check the data, or set nonfinite_policy=skip")
 
     # -- data on device
     def logp_mode(self, batch_keys: Iterable[str]) -> Optional[str]:
@@ -698,47 +920,28 @@ class Trainer:
             bar = tqdm(total=end, initial=step, desc=cfg.name, dynamic_ncols=True)
         t_start = time.perf_counter()
         t_last, steps_since, first_step_s = t_start, 0, None
-        while step < end:
-            local = next(self.batcher)
-            mode = self.logp_mode(local.keys())
-            batch = self.global_batch(local, mode)
-            fn = self._step_fn(mode, batch)
-            self.state, metrics = fn(self.state, self.tparams, batch)
-            step += 1
-            steps_since += 1
-            if step % cfg.log_every == 0 or step == end or first_step_s is None:
-                m = jax.device_get(metrics)
-                now = time.perf_counter()
-                dt = now - t_last
-                row = {"step": step, **{k: _to_py(v) for k, v in m.items()}}
-                if first_step_s is None:
-                    first_step_s = dt  # includes compilation
-                    row["compile_and_step_s"] = dt
-                else:
-                    row["step_time_s"] = dt / steps_since
-                    row["tokens_per_s"] = int(m["tokens"]) * steps_since / dt
-                t_last, steps_since = now, 0
-                history.append(row)
-                if primary:
-                    with open(metrics_path, "a") as f:
-                        f.write(json.dumps(row) + "\n")
-                if bar is not None:
-                    post = {"loss": f"{row['loss']:.3f}"}
-                    if "al_estimate" in row:
-                        post["AL"] = f"{row['al_estimate']:.2f}"
-                    if "tokens_per_s" in row:
-                        post["tok/s"] = f"{row['tokens_per_s']:.0f}"
-                    bar.set_postfix(post, refresh=False)
+        pending: list = []  # (step, finite flag, (loss, grad norm)) not yet checked
+        try:
+            while step < end:
+                step, t_last, steps_since, first_step_s = self._one_step(
+                    step, end, history, metrics_path, primary, bar, pending, t_last,
+                    steps_since, first_step_s)
+            self._check_finite(pending)
             if bar is not None:
-                bar.update(1)
-            if self.validation_data is not None and (step % cfg.validate_every == 0
-                                                     or step == end):
-                self._validate(step, bar)
-            if step % cfg.checkpoint_every == 0 or step == end:
-                self.ckpt.save(step, self.state.to_dict(), self.batcher.get_state())
-        if bar is not None:
-            bar.close()
-        self.ckpt.wait()
+                bar.close()
+                bar = None
+            try:
+                self.ckpt.wait()
+            except Exception as e:
+                if _os_error_in(e) is None:
+                    raise
+                raise self._io_error(f"could not finish the checkpoint of step {step} in "
+                                     f"{self.ckpt.directory}", e) from e
+        except BaseException:
+            self._failed = True
+            if bar is not None:
+                bar.close()
+            raise
         total = time.perf_counter() - t_start
         export_path = None
         if step >= cfg.num_steps and cfg.export and (stop_at is None or stop_at >= cfg.num_steps):
@@ -752,6 +955,64 @@ class Trainer:
         self.start_step = step
         return TrainResult(self.workdir, step, history, export_path, timing, self.state.params)
 
+    def _one_step(self, step, end, history, metrics_path, primary, bar, pending, t_last,
+                  steps_since, first_step_s):
+        """One optimizer step of `run`, its metrics line, validation and checkpoint."""
+        cfg = self.config
+        local = next(self.batcher)
+        mode = self.logp_mode(local.keys())
+        batch = self.global_batch(local, mode)
+        fn = self._step_fn(mode, batch)
+        self.state, metrics = fn(self.state, self.tparams, batch)
+        step += 1
+        steps_since += 1
+        metrics = dict(metrics)
+        pending.append((step, metrics.pop(FINITE_KEY),
+                        (metrics["loss"], metrics["grad_norm"])))
+        if step % cfg.log_every == 0 or step == end or first_step_s is None:
+            self._check_finite(pending)
+            m = jax.device_get(metrics)
+            now = time.perf_counter()
+            dt = now - t_last
+            row = {"step": step, **{k: _to_py(v) for k, v in m.items()}}
+            if first_step_s is None:
+                first_step_s = dt  # includes compilation
+                row["compile_and_step_s"] = dt
+            else:
+                row["step_time_s"] = dt / steps_since
+                row["tokens_per_s"] = int(m["tokens"]) * steps_since / dt
+            t_last, steps_since = now, 0
+            if cfg.nonfinite_policy == "skip":
+                row["skipped_steps"] = self.skipped_steps
+            history.append(row)
+            if primary:
+                self._append_row(metrics_path, row, step)
+            if bar is not None:
+                post = {"loss": f"{row['loss']:.3f}"}
+                if "al_estimate" in row:
+                    post["AL"] = f"{row['al_estimate']:.2f}"
+                if "tokens_per_s" in row:
+                    post["tok/s"] = f"{row['tokens_per_s']:.0f}"
+                bar.set_postfix(post, refresh=False)
+        if bar is not None:
+            bar.update(1)
+        if self.validation_data is not None and (step % cfg.validate_every == 0
+                                                 or step == end):
+            self._validate(step, bar)
+        if step % cfg.checkpoint_every == 0 or step == end:
+            self._check_finite(pending)  # never a non-finite step in a checkpoint
+            data_state = self.batcher.get_state()
+            if self.skipped_steps and isinstance(data_state, Mapping):
+                data_state = dict(data_state, nonfinite_skipped=self.skipped_steps)
+            try:
+                self.ckpt.save(step, self.state.to_dict(), data_state)
+            except Exception as e:
+                if _os_error_in(e) is None:
+                    raise
+                raise self._io_error(f"could not save the checkpoint of step {step} in "
+                                     f"{self.ckpt.directory}", e) from e
+        return step, t_last, steps_since, first_step_s
+
     def _validate(self, step: int, bar: Any) -> dict[str, Any]:
         """Held-out metrics at `step` -> workdir/validation.jsonl (+ a log line)."""
         cfg = self.config
@@ -759,8 +1020,8 @@ class Trainer:
         m = self.evaluate(self.validation_data, cfg.validation_batches, step=step)
         row = {"step": step, **m, "validation_s": time.perf_counter() - t0}
         if jax.process_index() == 0:
-            with open(os.path.join(self.workdir, validation_lib.VALIDATION_FILE), "a") as f:
-                f.write(json.dumps(row) + "\n")
+            self._append_row(os.path.join(self.workdir, validation_lib.VALIDATION_FILE), row,
+                             step)
         text = (f"validation @ {step}: block nll {m.get('block_nll', m['nll']):.3f}, "
                 f"top-1 {m['top1_mean']:.3f}")
         if "al_estimate" in m:
@@ -799,18 +1060,26 @@ class Trainer:
         from jax.experimental import multihost_utils
         return multihost_utils.process_allgather(self.state.params, tiled=True)
 
-    def export(self, folder: str, dtype: Optional[str] = None) -> Optional[str]:
+    def export(self, folder: str, dtype: Optional[str] = None,
+               force: bool = False) -> Optional[str]:
         """Write the drafter in DFlash format (dblast_jax.io.dflash), primary process only;
-        dtype 'float32' / 'bfloat16' (default: the training parameters' dtype)."""
+        dtype 'float32' / 'bfloat16' (default: the training parameters' dtype); `force`:
+        see dflash.export_drafter (a folder that is not empty and not a previous export)."""
         try:
             from dblast_jax.io.dflash import export_drafter
         except ImportError as e:  # the export module is optional
             self.log(f"export skipped: dblast_jax.io.dflash unavailable ({e})")
             return None
         params = self.params_host()
+        bad = [jax.tree_util.keystr(path) for path, x in
+               jax.tree_util.tree_leaves_with_path(params) if not np.all(np.isfinite(x))]
+        if bad:
+            raise NonFiniteError(f"refusing to export a drafter with non-finite parameters "
+                                 f"({', '.join(bad[:4])}) to {folder}; export an earlier "
+                                 "checkpoint or retrain with a lower learning_rate")
         if jax.process_index() == 0:
             export_drafter(params, self.drafter_config, folder,
-                           dtype=dtype or self.config.param_dtype)
+                           dtype=dtype or self.config.param_dtype, force=force)
             self.log(f"exported drafter to {folder}")
         if jax.process_count() > 1:
             from jax.experimental import multihost_utils
@@ -818,7 +1087,21 @@ class Trainer:
         return folder
 
     def close(self) -> None:
-        self.ckpt.close()
+        try:
+            self.ckpt.close()
+        except Exception as e:
+            if not self._failed and _os_error_in(e) is None:
+                raise
+            if not self._failed:  # a failed run already raised its own, clearer error
+                raise self._io_error(f"could not finish the checkpoints in "
+                                     f"{self.ckpt.directory}", e) from e
+        finally:
+            self._release_lock()
+
+    def _release_lock(self) -> None:
+        lock, self._lock = getattr(self, "_lock", None), None
+        if lock is not None:
+            lock.release()
 
 
 def train(config: TrainConfig, workdir: str, *, target: Any = None, data: Any = None,

@@ -1,0 +1,149 @@
+"""Held-out acceptance against CPU-seconds: the yardstick of a training recipe.
+
+Trains one drafter in segments of --segment_steps and, after each, scores it on held-out
+corpus shards (expected accepted drafts per block at T_v, sampled-branch, and the
+sampled-mixture estimate). The x-axis is the CPU time of this process spent inside the
+training steps only (time.process_time: every core counts, so a contended machine does not
+inflate it the way wall time would); the feature-cache build and validation are timed
+apart. Rows go to WORKDIR/budget_curve.jsonl; a killed run resumes from its checkpoint.
+
+    python experiments/budget/budget_curve.py --experiment=smollm2_dflash_baseline \\
+        --workdir=runs/budget/baseline --budget_cpu_s=1500 \\
+        --override=data=corpora/smollm2_t1 --override=data_shards=68 ...
+    python experiments/budget/budget_curve.py --plot=runs/budget/baseline,runs/budget/distill \\
+        --out=experiments/budget/curve.png
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("experiment", "smollm2_dflash_baseline", "registered experiment")
+flags.DEFINE_multi_string("override", [], "key=value TrainConfig overrides")
+flags.DEFINE_string("workdir", "", "training workdir (budget_curve.jsonl lands here)")
+flags.DEFINE_integer("segment_steps", 50, "steps between held-out scores")
+flags.DEFINE_float("budget_cpu_s", 1500.0, "stop after this many training CPU-seconds")
+flags.DEFINE_integer("max_steps", 100000, "the schedule's length (num_steps)")
+flags.DEFINE_string("validation_data", "corpora/smollm2_t1", "held-out corpus")
+flags.DEFINE_string("validation_shards", "68:72", "held-out shard range A:B")
+flags.DEFINE_integer("validation_batches", 16, "held-out batches (fixed anchors)")
+flags.DEFINE_list("plot", [], "workdirs to plot instead of training (NAME=DIR or DIR)")
+flags.DEFINE_string("out", "budget_curve.png", "plot file (with --plot)")
+
+CURVE = "budget_curve.jsonl"
+
+
+def read_curve(workdir: str) -> list[dict]:
+    """Rows of a curve; a torn last line (a kill mid-write) is dropped."""
+    path = os.path.join(workdir, CURVE)
+    if not os.path.exists(path):
+        return []
+    rows = []
+    with open(path) as f:
+        lines = f.read().splitlines()
+    for i, line in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i != len(lines) - 1:
+                raise ValueError(f"{path}: line {i + 1} is not JSON") from None
+    return rows
+
+
+def _append(workdir: str, row: dict) -> None:
+    with open(os.path.join(workdir, CURVE), "a") as f:
+        f.write(json.dumps(row) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def train_curve() -> None:
+    from dblast_jax.train import config as TC
+    from dblast_jax.train import trainer as TR
+    from dblast_jax.train import validation as V
+
+    overrides = list(FLAGS.override) + [
+        f"num_steps={FLAGS.max_steps}", f"checkpoint_every={FLAGS.segment_steps}",
+        "validate_every=0", "export=false"]
+    cfg = TC.get_experiment(FLAGS.experiment, overrides)
+    os.makedirs(FLAGS.workdir, exist_ok=True)
+    t0 = time.process_time()
+    trainer = TR.Trainer(cfg, FLAGS.workdir, progress=False)
+    setup_cpu = time.process_time() - t0
+    held_out = V.make_validation_source(cfg, trainer.target_config,
+                                        data=FLAGS.validation_data,
+                                        shards=FLAGS.validation_shards)
+    rows = read_curve(FLAGS.workdir)
+    cpu = rows[-1]["cpu_s"] if rows else 0.0
+    if rows and rows[-1]["step"] != trainer.start_step:
+        # killed between a checkpoint and its row: charge the missing steps at the mean rate
+        rate = cpu / max(rows[-1]["step"], 1)
+        cpu += rate * (trainer.start_step - rows[-1]["step"])
+
+    def score(step: int, seg_cpu: float) -> None:
+        t = time.process_time()
+        m = trainer.evaluate(held_out, FLAGS.validation_batches, step=step)
+        keep = ("al_estimate", "al_estimate_mixture", "block_nll", "top1_mean", "top1",
+                "accept_prefix", "distill_kl")
+        row = {"step": step, "cpu_s": cpu, "segment_cpu_s": seg_cpu,
+               "validation_cpu_s": time.process_time() - t, "setup_cpu_s": setup_cpu,
+               "time": time.time(), **{k: m[k] for k in keep if k in m}}
+        _append(FLAGS.workdir, row)
+        print(f"step {step}  cpu {cpu:7.0f} s  AL {row['al_estimate']:.4f}  mixture "
+              f"{row.get('al_estimate_mixture', float('nan')):.4f}  top1[0] "
+              f"{row['top1'][0]:.3f}", flush=True)
+
+    if not rows:
+        score(trainer.start_step, 0.0)
+    while cpu < FLAGS.budget_cpu_s and trainer.start_step < cfg.num_steps:
+        t = time.process_time()
+        trainer.run(stop_at=trainer.start_step + FLAGS.segment_steps)
+        seg = time.process_time() - t
+        cpu += seg
+        score(trainer.start_step, seg)
+    trainer.close()
+
+
+def plot_curves() -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for spec in FLAGS.plot:
+        name, _, folder = spec.rpartition("=")
+        rows = read_curve(folder)
+        if not rows:
+            raise ValueError(f"{folder}: no {CURVE}")
+        name = name or os.path.basename(folder.rstrip("/"))
+        x = [r["cpu_s"] for r in rows]
+        axes[0].plot(x, [r["al_estimate"] for r in rows], marker=".", label=name)
+        axes[1].plot(x, [r["top1"][0] for r in rows], marker=".", label=name)
+    axes[0].set_ylabel("held-out expected accepted drafts / block (T_v = 1)")
+    axes[1].set_ylabel("held-out top-1 agreement, first block slot")
+    for ax in axes:
+        ax.set_xlabel("training CPU-seconds")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(FLAGS.out, dpi=110)
+    print(f"wrote {FLAGS.out}")
+
+
+def main(argv):
+    del argv
+    if FLAGS.plot:
+        plot_curves()
+    elif not FLAGS.workdir:
+        raise app.UsageError("--workdir is required (or --plot)")
+    else:
+        train_curve()
+
+
+if __name__ == "__main__":
+    app.run(main)

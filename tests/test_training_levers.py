@@ -1,0 +1,185 @@
+"""Training levers of the recipe (issue 14). Distillation from the target's top-k
+distribution: the chunked teacher, the student's log q at the teacher's ids and the
+truncated soft CE / KL against brute-force numpy; the trainer's live and feature-cache
+paths agree, and the term trains. Warm start from the target's layers."""
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+from dblast_jax import losses
+from dblast_jax.chunked_logits import teacher_topk, token_logprobs
+from dblast_jax.train import distill
+from dblast_jax.train import trainer as TR
+from test_feature_cache import _cfg, _train, corpus  # noqa: F401  (module fixture)
+
+
+def _log_softmax(z):
+    z = z - z.max(-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+
+@pytest.mark.parametrize("layout", ["vh", "hv"])
+@pytest.mark.parametrize("chunk", [7, 16, 100])
+def test_teacher_topk_is_the_exact_top_k(layout, chunk):
+    rng = np.random.default_rng(0)
+    v, h, k = 37, 8, 5
+    hid = rng.normal(size=(3, 4, h)).astype(np.float32)
+    w = rng.normal(size=(v, h)).astype(np.float32)
+    head = w if layout == "vh" else w.T
+    got = teacher_topk(jnp.asarray(hid), jnp.asarray(head), layout, k, temperature=0.7,
+                       chunk_size=chunk)
+    ref = _log_softmax(hid @ w.T / 0.7)
+    want_ids = np.argsort(-ref, axis=-1)[..., :k]
+    np.testing.assert_array_equal(np.asarray(got.ids), want_ids)
+    np.testing.assert_allclose(np.asarray(got.logprob),
+                               np.take_along_axis(ref, want_ids, -1), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="top-k"):
+        teacher_topk(jnp.asarray(hid), jnp.asarray(head), layout, v + 1)
+
+
+def test_teacher_from_final_is_shifted_to_the_predicted_position():
+    rng = np.random.default_rng(1)
+    final = jnp.asarray(rng.normal(size=(2, 6, 8)).astype(np.float32))
+    w = jnp.asarray(rng.normal(size=(30, 8)).astype(np.float32))
+    t = distill.teacher_from_final(final, w, "vh", 4, 1.0, chunk_size=8)
+    assert t.ids.shape == (2, 6, 4)
+    direct = teacher_topk(final[:, 2], w, "vh", 4)
+    np.testing.assert_array_equal(np.asarray(t.ids[:, 3]), np.asarray(direct.ids))
+    assert np.all(np.asarray(t.logp[:, 0]) < -1e8)  # position 0: no teacher
+
+
+def test_student_logq_at_ids_is_the_log_softmax():
+    rng = np.random.default_rng(2)
+    b, a, kz, p, h, v, k = 2, 3, 2, 4, 8, 25, 6
+    hid = rng.normal(size=(b, a, kz, p, h)).astype(np.float32)
+    w = rng.normal(size=(v, h)).astype(np.float32)
+    labels = rng.integers(0, v, size=(b, a, kz, p))
+    ids = rng.integers(0, v, size=(b, a, p, k))
+    label_logq = token_logprobs(jnp.asarray(hid), jnp.asarray(w), "vh", jnp.asarray(labels),
+                                1.0, 8).logprob
+    for layout, head in (("vh", w), ("hv", w.T)):
+        got = distill.student_logq_at(jnp.asarray(hid), jnp.asarray(head), layout,
+                                      jnp.asarray(ids), jnp.asarray(labels), label_logq)
+        ref = _log_softmax(hid @ w.T)  # [b, a, kz, p, v]
+        want = np.take_along_axis(ref, np.broadcast_to(ids[:, :, None], (b, a, kz, p, k)), -1)
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4)
+
+
+def _brute_distill(logq_full, prior_logits, labels, tids, tlogp, mask, weights):
+    """Per-anchor (ce, kl) written out with loops: the mixture conditional Q_i given the
+    data prefix over the full vocabulary, then coarsened to the teacher's ids + tail."""
+    b, a, kz, p, v = logq_full.shape
+    ce = np.zeros((b, a))
+    kl = np.zeros((b, a))
+    for bi in range(b):
+        for ai in range(a):
+            log_pi = _log_softmax(prior_logits[bi, ai])
+            post = log_pi.copy()
+            for i in range(p):
+                if not mask[bi, ai, i]:
+                    continue
+                w_post = np.exp(post - np.logaddexp.reduce(post))
+                q = (w_post[:, None] * np.exp(logq_full[bi, ai, :, i])).sum(0)  # [v]
+                ids, pt = tids[bi, ai, i], np.exp(tlogp[bi, ai, i])
+                p_tail, q_tail = max(1 - pt.sum(), 0.0), max(1 - q[ids].sum(), 1e-6)
+                c = -(pt @ np.log(q[ids]) + p_tail * np.log(q_tail))
+                ent = -(pt @ np.log(pt) + (p_tail * np.log(p_tail) if p_tail > 0 else 0.0))
+                wi = 1.0 if weights is None else weights[i]
+                ce[bi, ai] += wi * c
+                kl[bi, ai] += wi * (c - ent)
+                post = post + logq_full[bi, ai, :, i, labels[bi, ai, i]]
+    return ce, kl
+
+
+@pytest.mark.parametrize("kz", [1, 3])
+def test_topk_distill_matches_brute_force(kz):
+    rng = np.random.default_rng(3 + kz)
+    b, a, p, v, k = 2, 3, 4, 12, 4
+    logq_full = _log_softmax(rng.normal(size=(b, a, kz, p, v)) * 2)
+    prior = rng.normal(size=(b, a, kz))
+    labels = rng.integers(0, v, size=(b, a, p))
+    teacher = _log_softmax(rng.normal(size=(b, a, p, v)) * 2)
+    tids = np.argsort(-teacher, -1)[..., :k]
+    tlogp = np.take_along_axis(teacher, tids, -1)
+    mask = np.ones((b, a, p), bool)
+    mask[0, 1, 2:] = False
+    mask[1, 2] = False
+    logq = np.take_along_axis(logq_full, np.broadcast_to(labels[:, :, None, :, None],
+                                                         (b, a, kz, p, 1)), -1)[..., 0]
+    logq_ids = np.take_along_axis(logq_full, np.broadcast_to(tids[:, :, None],
+                                                             (b, a, kz, p, k)), -1)
+    weights = np.exp(-np.arange(p) / 3.0)
+    for w in (None, weights):
+        ce, kl = losses.topk_distill_per_anchor(jnp.asarray(logq_ids), jnp.asarray(tlogp),
+                                                jnp.asarray(logq), jnp.asarray(prior),
+                                                jnp.asarray(mask), w)
+        want_ce, want_kl = _brute_distill(logq_full, prior, labels, tids, tlogp, mask, w)
+        np.testing.assert_allclose(np.asarray(ce), want_ce, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(kl), want_kl, rtol=1e-4, atol=1e-5)
+    # the KL of a student that equals the teacher on the kept ids is ~0
+    same = np.broadcast_to(tlogp[:, :, None], logq_ids.shape)
+    _, kl0 = losses.topk_distill_per_anchor(jnp.asarray(same), jnp.asarray(tlogp),
+                                            jnp.zeros((b, a, kz, p)), jnp.asarray(prior))
+    np.testing.assert_allclose(np.asarray(kl0), 0.0, atol=1e-4)
+    grads = jax.grad(lambda x: jnp.sum(losses.topk_distill_per_anchor(
+        x, jnp.asarray(tlogp), jnp.asarray(logq), jnp.asarray(prior), jnp.asarray(mask))[0])
+    )(jnp.asarray(logq_ids))
+    assert np.all(np.isfinite(np.asarray(grads)))
+
+
+def test_distillation_trains_and_cached_teacher_equals_live(corpus, tmp_path):  # noqa: F811
+    more = ("distill_weight=1.0", "distill_topk=8", "num_steps=6", "checkpoint_every=6")
+    live = _train(_cfg(corpus, *more), tmp_path / "live")
+    cached = _train(_cfg(corpus, *more, f"feature_cache={tmp_path / 'fc'}"),
+                    tmp_path / "cached")
+    for a, b in zip(live.history, cached.history):
+        for key in ("loss", "distill_ce", "distill_kl"):
+            np.testing.assert_allclose(b[key], a[key], rtol=1e-4, err_msg=key)
+    kl = [h["distill_kl"] for h in live.history]
+    assert all(np.isfinite(kl)) and kl[-1] < kl[0]
+    plain = _train(_cfg(corpus, "num_steps=6", "checkpoint_every=6"), tmp_path / "plain")
+    assert "distill_kl" not in plain.history[0]
+    assert live.history[0]["loss"] > plain.history[0]["loss"]  # the extra term is counted
+    (sub,) = [d for d in (tmp_path / "fc").iterdir()]
+    assert (sub / "teacher_ids.npy").exists()
+
+
+def test_distillation_needs_a_cache_with_the_teacher(corpus, tmp_path):  # noqa: F811
+    _train(_cfg(corpus, f"feature_cache={tmp_path / 'fc'}", "num_steps=1"), tmp_path / "a")
+    # the teacher changes the cache key: a distillation run builds its own cache
+    _train(_cfg(corpus, f"feature_cache={tmp_path / 'fc'}", "num_steps=1",
+                "distill_weight=0.5", "distill_topk=4"), tmp_path / "b")
+    assert len(list((tmp_path / "fc").iterdir())) == 2
+    with pytest.raises(ValueError, match="distill_topk"):
+        _cfg(corpus, "distill_topk=0")
+    with pytest.raises(ValueError, match="distill_weight"):
+        _cfg(corpus, "distill_weight=-1")
+    assert TR.target_features  # the plain API is kept
+
+
+def test_warm_start_copies_the_layer_after_the_deepest_tap(corpus, tmp_path):  # noqa: F811
+    from dblast_jax.train import warm_start
+    from test_trainer import tiny_target
+    cfg = _cfg(corpus, "drafter_init=target", "num_steps=1")
+    trainer = TR.Trainer(cfg, str(tmp_path / "w"), target=tiny_target(), progress=False,
+                         log=lambda s: None)
+    tcfg, tparams, _ = tiny_target()
+    dcfg = trainer.drafter_config
+    params = jax.device_get(trainer.state.params)
+    src = warm_start.source_layers(dcfg, tcfg)[0]
+    assert src == min(max(dcfg.target_layer_ids) + 1, tcfg.num_layers - 1)
+    tl, dl = tparams["layers"][src], params["layers"][0]
+    for a, b in (("attn", "q_proj"), ("attn", "o_proj"), ("mlp", "down_proj")):
+        np.testing.assert_array_equal(dl[a][b]["kernel"], tl[a][b]["kernel"])
+    np.testing.assert_array_equal(params["final_norm"]["scale"], tparams["final_norm"]["scale"])
+    np.testing.assert_array_equal(params["hidden_norm"]["scale"], tl["input_norm"]["scale"])
+    h = tcfg.hidden_size
+    np.testing.assert_array_equal(params["fc"]["kernel"][-h:], np.eye(h))
+    result = trainer.run()
+    trainer.close()
+    assert np.isfinite(result.history[-1]["loss"])
+    with pytest.raises(ValueError, match="drafter_init"):
+        _cfg(corpus, "drafter_init=copy")
