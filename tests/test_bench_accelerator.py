@@ -1,0 +1,55 @@
+"""benchmarks/bench_accelerator.py --tiny: the accelerator benchmark's code paths (plain
+decode step, speculative step, train step, overheads) on tiny shapes, as a smoke test."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+def test_bench_accelerator_tiny(tmp_path):
+    out = tmp_path / "tiny.json"
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    # tiny-qwen3 only (the Qwen3-8B stand-in): plain, speculative and train paths in
+    # one model keep the test short; `--tiny` alone also runs the tiny-llama stand-in
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "bench_accelerator.py"), "--tiny",
+         "--models", "qwen3-8b", "--repeats", "1", "--out", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "| stage | model |" in proc.stdout
+    rec = json.loads(out.read_text())
+    assert set(rec) >= {"device", "settings", "plain_decode", "speculative", "train",
+                        "overheads", "skipped", "total_s"}
+    assert rec["skipped"] == []
+    assert [r["batch"] for r in rec["plain_decode"]] == [1, 2]
+    for r in rec["plain_decode"]:
+        assert r["model"] == "tiny-qwen3"
+        for key in ("step_ms", "tok_s", "compile_s"):
+            assert _positive(r[key]), (key, r)
+    combos = {(r["K"], r["verify_mode"]) for r in rec["speculative"]}
+    assert combos == {(1, "greedy-branch"), (4, "sampled-mixture")}
+    for r in rec["speculative"]:
+        assert r["block_size"] == 16
+        for key in ("spec_step_ms", "plain_step_ms", "spec_over_plain", "compile_s"):
+            assert _positive(r[key]), (key, r)
+        assert set(r["predicted_speedup"]) == {"2", "4", "6"}
+        for tau, speedup in r["predicted_speedup"].items():
+            assert _positive(speedup)
+            assert math.isclose(speedup, int(tau) / r["spec_over_plain"], rel_tol=1e-6)
+    t = rec["train"]
+    assert t["experiment"] == "qwen3_dblast_k4_al" and t["full_target"]
+    for key in ("step_s", "tokens_per_s", "flops_per_step", "model_flops_per_s", "compile_s"):
+        assert _positive(t[key]), (key, t)
+    assert math.isfinite(t["loss"])
+    assert _positive(t["flops"]["target"]) and _positive(t["flops"]["branch_head"])
+    # CPU: no peak table entry (MFU omitted) and no memory_stats (peak omitted)
+    assert rec["device"]["platform"] == "cpu" and "mfu" not in t
+    assert _positive(rec["overheads"]["init_s"]["tiny-qwen3"])
