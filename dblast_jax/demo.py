@@ -130,6 +130,21 @@ def _summary(config: DemoConfig, results: dict, corpus: dict, seconds: dict,
     return "\n".join(lines)
 
 
+def shipped_drafters(config: DemoConfig, log: Callable[[str], None] = print) -> dict:
+    """The pretrained drafters made for the demo's target (name -> manifest entry); when
+    there are none, one line says so (an install without its package data is not silent)."""
+    from dblast_jax import pretrained as pretrained_lib
+    if not config.pretrained:
+        return {}
+    shipped = pretrained_lib.available(config.model)
+    if not shipped:
+        manifest = pretrained_lib.pretrained_root() / pretrained_lib.MANIFEST
+        where = f"in {manifest}" if manifest.exists() else f"found: no {manifest}"
+        log(f"-- no shipped drafter for {config.model} ({where}); "
+            "evaluating only the drafters trained here")
+    return shipped
+
+
 def run_demo(config: DemoConfig = DemoConfig(), workdir: str | Path = "dblast_demo", *,
              progress: bool = True, log: Callable[[str], None] = print) -> DemoResult:
     """Run (or resume) the demo in `workdir`; returns what it made and prints a report."""
@@ -215,7 +230,7 @@ def run_demo(config: DemoConfig = DemoConfig(), workdir: str | Path = "dblast_de
     for name, drafter in drafters.items():
         drafter.name = name
     drafters.update(named_drafters(list(config.extra_drafters), target))
-    shipped = pretrained_lib.available(config.model) if config.pretrained else {}
+    shipped = shipped_drafters(config, log)
     for name, entry in shipped.items():
         log(f"-- pretrained drafter {name}: {entry.get('description', '')}")
         drafters[name] = drafter_from_spec(pretrained_lib.PREFIX + name, target)

@@ -8,8 +8,9 @@ sha256 and how the drafter was trained. Anywhere a drafter folder is accepted
 spec `pretrained:NAME` resolves here, after the checksums are verified; `dblast demo`
 evaluates the ones made for its target beside the drafters it trains.
 
-The folder is found beside the package (a clone installed with `pip install -e .`) or at
-`$DBLAST_PRETRAINED_DIR`.
+The folder is `$DBLAST_PRETRAINED_DIR`, else the package data of an installed wheel
+(setup.py maps `pretrained/` to `dblast_jax/pretrained_drafters/`), else the clone's
+`pretrained/` beside the package (`pip install -e .`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ __all__ = ["PREFIX", "MANIFEST", "pretrained_root", "read_manifest", "available"
 PREFIX = "pretrained:"
 MANIFEST = "manifest.json"
 ENV_VAR = "DBLAST_PRETRAINED_DIR"
+# where a wheel (non-editable install) carries the repository's pretrained/ (setup.py)
+PACKAGE_DATA = Path(__file__).resolve().parent / "pretrained_drafters"
+REPOSITORY = Path(__file__).resolve().parents[1] / "pretrained"
 # files a loader could take weights from; a pretrained folder may hold only those the
 # manifest lists (an unlisted one would be read, or shadow a listed one, unchecked)
 TENSOR_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".npz", ".h5",
@@ -40,17 +44,23 @@ def is_tensor_file(name: str) -> bool:
 
 
 def pretrained_root(root: Optional[str | os.PathLike] = None) -> Path:
-    """`root`, else $DBLAST_PRETRAINED_DIR, else the repository's `pretrained/`."""
+    """`root`, else $DBLAST_PRETRAINED_DIR, else the installed package data, else the
+    repository's `pretrained/`."""
     if root is not None:
         return Path(root)
     if os.environ.get(ENV_VAR):
         return Path(os.environ[ENV_VAR])
-    return Path(__file__).resolve().parents[1] / "pretrained"
+    return PACKAGE_DATA if PACKAGE_DATA.is_dir() else REPOSITORY
+
+
+def _restore_hint(base: Path) -> str:
+    if base == PACKAGE_DATA:
+        return "reinstall dblast_jax"
+    return "restore it with `git checkout -- pretrained`"
 
 
 def read_manifest(root: Optional[str | os.PathLike] = None) -> dict[str, Any]:
-    """The manifest ({"drafters": {name: entry}}); an empty one when there is none
-    (e.g. a non-editable install, which does not carry the repository's files)."""
+    """The manifest ({"drafters": {name: entry}}); an empty one when there is none."""
     path = pretrained_root(root) / MANIFEST
     if not path.exists():
         return {"drafters": {}}
@@ -105,12 +115,12 @@ def pretrained_folder(name: str, root: Optional[str | os.PathLike] = None, *,
         path = folder / file
         if not path.exists():
             raise FileNotFoundError(f"pretrained drafter {name!r}: {path} is missing "
-                                    "(restore it with `git checkout -- pretrained`)")
+                                    f"({_restore_hint(base)})")
         got = _sha256(path)
         if got != want:
             raise ValueError(f"pretrained drafter {name!r}: sha256 of {path} is {got}, "
                              f"the manifest says {want} (corrupt or replaced file; "
-                             "restore it with `git checkout -- pretrained`)")
+                             f"{_restore_hint(base)})")
     return folder
 
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from dblast_jax import cli
-from dblast_jax.demo import DemoConfig, parse_demo_overrides, run_demo
+from dblast_jax.demo import DemoConfig, parse_demo_overrides, run_demo, shipped_drafters
 
 
 def _ship_random_drafter(root, target_name: str, block_size: int) -> str:
@@ -74,3 +74,23 @@ def test_demo_overrides_and_errors(capsys):
         run_demo(base.replace(baseline="nobody"), "unused", progress=False)
     assert cli.main(["demo", "--tiny", "--set", "bogus=1"]) == 2
     assert "demo override" in capsys.readouterr().err
+
+
+def test_demo_says_when_no_drafter_is_shipped(tmp_path, monkeypatch):
+    """No shipped drafter for the demo's target (or no manifest at all, e.g. an install
+    without its package data) is one line of the demo's output, not a silent drop."""
+    said = []
+    monkeypatch.delenv("DBLAST_PRETRAINED_DIR", raising=False)
+    assert len(shipped_drafters(DemoConfig(), said.append)) == 2 and said == []  # the repository's
+    monkeypatch.setenv("DBLAST_PRETRAINED_DIR", str(tmp_path))
+    assert shipped_drafters(DemoConfig(), said.append) == {}
+    assert said == [f"-- no shipped drafter for smollm2-135m-instruct (found: no "
+                    f"{tmp_path / 'manifest.json'}); evaluating only the drafters trained here"]
+    (tmp_path / "manifest.json").write_text(json.dumps(
+        {"drafters": {"x": {"target": "tiny-llama", "folder": "tiny-llama/x", "files": {}}}}))
+    said.clear()
+    assert shipped_drafters(DemoConfig.tiny(), said.append) == {}
+    assert said == [f"-- no shipped drafter for tiny-smollm2 (in {tmp_path / 'manifest.json'}); "
+                    "evaluating only the drafters trained here"]
+    said.clear()
+    assert shipped_drafters(DemoConfig.tiny(pretrained=False), said.append) == {} and said == []

@@ -89,3 +89,21 @@ def test_committed_drafters_match_their_checksums():
         assert config["torch_dtype"] == "bfloat16"
         for key in ("target", "experiment", "steps", "description", "results"):
             assert key in entry, (name, key)
+
+
+def test_root_is_the_env_var_else_package_data_else_the_repository(tmp_path, monkeypatch):
+    """A wheel carries pretrained/ as package data (dblast_jax/pretrained_drafters, see
+    setup.py); a clone installed with `pip install -e .` reads the repository's folder."""
+    monkeypatch.delenv(pretrained.ENV_VAR, raising=False)
+    if not pretrained.PACKAGE_DATA.is_dir():  # running from a checkout
+        assert pretrained.pretrained_root() == pretrained.REPOSITORY
+    monkeypatch.setattr(pretrained, "PACKAGE_DATA", tmp_path / "data")
+    assert pretrained.pretrained_root() == pretrained.REPOSITORY
+    (tmp_path / "data").mkdir()
+    assert pretrained.pretrained_root() == tmp_path / "data"
+    (tmp_path / "data" / pretrained.MANIFEST).write_text(json.dumps({"drafters": {"x": {
+        "target": "tiny-qwen3", "folder": "tiny-qwen3/x", "files": {"config.json": "0"}}}}))
+    with pytest.raises(FileNotFoundError, match="reinstall dblast_jax"):
+        pretrained.pretrained_folder("x")
+    monkeypatch.setenv(pretrained.ENV_VAR, str(tmp_path / "elsewhere"))
+    assert pretrained.pretrained_root() == tmp_path / "elsewhere"
