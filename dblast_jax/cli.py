@@ -172,6 +172,11 @@ def _cmd_export(args) -> int:
         path = export_drafter(drafter_from_spec(args.source, target), args.out,
                               dtype=args.dtype or "float32", force=args.force)
         print(f"exported drafter to {path}")
+    if args.remote_code:
+        from dblast_jax.io.hf_remote import MODELING_FILE, write_remote_code
+        write_remote_code(args.out)
+        print(f"added {MODELING_FILE} and auto_map (AutoModel.from_pretrained(..., "
+              "trust_remote_code=True))")
     return 0
 
 
@@ -285,6 +290,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write into a folder that is not empty and not a previous export: "
                         "replaces only the files export writes (config.json, "
                         "model.safetensors) and keeps every other file")
+    p.add_argument("--remote-code", action="store_true",
+                   help="also write modeling_dblast.py and config.json's auto_map, so that "
+                        "transformers' AutoModel.from_pretrained(OUT, trust_remote_code=True) "
+                        "loads a drafter with spec_generate")
     p.set_defaults(func=_cmd_export)
 
     p = sub.add_parser("eval", help="tau / speedup across benchmarks and temperatures")

@@ -324,7 +324,7 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 # Modeling code export_drafter writes beside the weights, if it ever does: list it here so
 # a folder holding it is still recognised as a previous export.
-EXPORT_MODELING_FILES: tuple[str, ...] = ()
+EXPORT_MODELING_FILES: tuple[str, ...] = ("modeling_dblast.py",)  # io/hf_remote.py
 # names an export writes or has written (an older sharded export's shards and index)
 _EXPORT_WEIGHT_NAMES = re.compile(r"model(-\d{5}-of-\d{5})?\.safetensors"
                                   r"|model\.safetensors\.index\.json")
