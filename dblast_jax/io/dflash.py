@@ -488,7 +488,7 @@ def export_drafter(dparams: Params, drafter_config: DrafterConfig, folder: str,
         touched = [n for n in planned if n in entries]
         raise ExportError(
             f"refusing to export to {folder!r}: it is not empty and not a previous drafter "
-            f"export (it holds {why}); export would write {', '.join(planned)}"
+            f"export (it holds {why}); export would write {CONFIG_FILE}, {WEIGHTS_FILE}"
             + (f", replacing the existing {', '.join(touched)}" if touched else "")
             + "; pass --force (force=True) to replace only those and keep every other file")
     tmp = None
