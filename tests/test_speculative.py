@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy import stats
+from conftest import chi_square_pvalue  # tests/ is on sys.path (pytest "prepend" mode)
 
 from dblast_jax import verify
 from dblast_jax.config import DrafterConfig, SamplingConfig, TargetConfig
@@ -64,19 +64,6 @@ def sample_sequences(tc, tp, dc, dp, sampling, n=SAMPLES, seed=0):
     out = np.asarray(out)
     assert (np.asarray(counts) == NEW).all() and (out != PAD_ID).all()
     return out, np.asarray(accepted), np.asarray(expected)
-
-
-def chi_square_pvalue(samples, seqs, probs):
-    index = {tuple(s): i for i, s in enumerate(seqs)}
-    counts = np.bincount([index[tuple(s)] for s in samples], minlength=len(seqs))
-    assert counts[probs == 0].sum() == 0, "sampled a sequence of probability 0"
-    expected = probs * len(samples)
-    big = expected >= 5
-    obs = np.append(counts[big], counts[~big].sum())
-    exp = np.append(expected[big], expected[~big].sum())
-    keep = exp > 0
-    chi2 = (((obs[keep] - exp[keep]) ** 2) / exp[keep]).sum()
-    return stats.chi2.sf(chi2, keep.sum() - 1)
 
 
 MODES = ("greedy-branch", "sampled-branch", "mixture", "sampled-mixture")

@@ -29,8 +29,9 @@ pytestmark = [pytest.mark.torch,
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-stats = pytest.importorskip("scipy.stats")
+pytest.importorskip("scipy.stats")
 
+from conftest import chi_square_pvalue  # noqa: E402
 from dblast_jax.io import torch_drafter as TD  # noqa: E402
 
 P_VALUE = 1e-4
@@ -110,19 +111,6 @@ def sample_sequences(target, drafter, n=SAMPLES, seed=0, **kw):
         samples.append(tuple(out.tokens))
         accepted += out.accepted
     return samples, np.array(accepted)
-
-
-def chi_square_pvalue(samples, seqs, probs):
-    index = {tuple(s): i for i, s in enumerate(seqs.tolist())}
-    counts = np.bincount([index[s] for s in samples], minlength=len(seqs))
-    assert counts[probs == 0].sum() == 0, "sampled a sequence of probability 0"
-    expected = probs * len(samples)
-    big = expected >= 5
-    obs = np.append(counts[big], counts[~big].sum())
-    exp = np.append(expected[big], expected[~big].sum())
-    keep = exp > 0
-    chi2 = (((obs[keep] - exp[keep]) ** 2) / exp[keep]).sum()
-    return float(stats.chi2.sf(chi2, keep.sum() - 1))
 
 
 CASES = [(mode, 1.0, 0, 1.0) for mode in MODES] + [("sampled-mixture", 1.0, 3, 0.9)]
