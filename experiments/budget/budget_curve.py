@@ -119,7 +119,8 @@ def plot_curves() -> None:
         name, _, folder = spec.rpartition("=")
         rows = read_curve(folder)
         if not rows:
-            raise ValueError(f"{folder}: no {CURVE}")
+            raise ValueError(f"--plot {spec}: {folder} holds no {CURVE} (train it first "
+                             "with --workdir)")
         name = name or os.path.basename(folder.rstrip("/"))
         x = [r["cpu_s"] for r in rows]
         axes[0].plot(x, [r["al_estimate"] for r in rows], marker=".", label=name)
@@ -146,4 +147,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    from dblast_jax import errors
+    errors.run_absl(main, "budget_curve.py")  # bad flags / files: one line, exit 2
