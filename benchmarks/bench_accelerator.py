@@ -71,6 +71,24 @@ PEAK_BF16 = (
     ("TPU v4", 275e12),
 )
 
+# Peak HBM bandwidth in bytes/s per device (data sheets), same matching as PEAK_BF16.
+PEAK_HBM = (
+    ("H100 PCIe", 2.0e12),
+    ("H100 NVL", 3.9e12),
+    ("GH200", 4.0e12),
+    ("H200", 4.8e12),
+    ("H100", 3.35e12),
+    ("A100", 2.0e12),
+    ("L4", 0.3e12),
+    ("TPU v6 lite", 1.64e12),
+    ("TPU v6e", 1.64e12),
+    ("TPU v5 lite", 0.819e12),
+    ("TPU v5e", 0.819e12),
+    ("TPU v5p", 2.765e12),
+    ("TPU v5", 2.765e12),
+    ("TPU v4", 1.2e12),
+)
+
 # (label, full-size target, tiny stand-in, experiment-name prefix in train/config.py)
 MODELS = (
     ("smollm2-135m", TargetConfig.smollm2_135m, TargetConfig.tiny_llama, "smollm2"),
@@ -79,11 +97,27 @@ MODELS = (
 TAUS = (2, 4, 6)
 
 
-def peak_flops(device_kind: str) -> Optional[float]:
-    for key, value in PEAK_BF16:
+def _lookup(table, device_kind: str) -> Optional[float]:
+    for key, value in table:
         if key.lower() in device_kind.lower():
             return value
     return None
+
+
+def peak_flops(device_kind: str) -> Optional[float]:
+    return _lookup(PEAK_BF16, device_kind)
+
+
+def peak_bandwidth(device_kind: str) -> Optional[float]:
+    return _lookup(PEAK_HBM, device_kind)
+
+
+def decode_step_bytes(tc: TargetConfig, batch: int, cache_size: int, n_params: int,
+                      bytes_per_value: int = 2) -> int:
+    """HBM bytes one plain decode step must read at least: every weight once, plus the
+    whole K/V buffer of every sequence (decode attends over the full cache buffer)."""
+    kv = batch * cache_size * tc.num_layers * 2 * tc.num_kv_heads * tc.head_dim
+    return bytes_per_value * (n_params + kv)
 
 
 # ---- random weights on the device ------------------------------------------------------
@@ -245,6 +279,12 @@ def measure_plain(name, tc, tparams, batch, args, rec):
     t = median_seconds(lambda: compiled(state, tparams), args.repeats) / args.plain_steps
     row = {"model": name, "batch": batch, "step_ms": 1e3 * t, "tok_s": batch / t,
            "compile_s": compile_s, "peak_bytes_in_use": peak_bytes()}
+    bw = rec["device"].get("peak_hbm_bytes_per_s")
+    if bw:
+        n_params = sum(math.prod(a.shape) for a in jax.tree.leaves(tparams))
+        need = decode_step_bytes(tc, batch, args.cache_size, n_params)
+        row["roofline_step_ms"] = 1e3 * need / bw
+        row["pct_of_bandwidth_roofline"] = 100.0 * (need / bw) / t
     rec["plain_decode"].append(row)
     print(json.dumps(row), flush=True)
     return row
@@ -439,8 +479,10 @@ def table(rec) -> str:
                      f"{rec['overheads']['target_params'][name] / 1e6:.1f} M params | "
                      f"{secs:.1f} (incl. run) | - |")
     for r in rec["plain_decode"]:
+        roof = (f", {r['pct_of_bandwidth_roofline']:.0f}% of HBM roofline"
+                if "pct_of_bandwidth_roofline" in r else "")
         lines.append(f"| plain decode | {r['model']} | B={r['batch']} | {r['step_ms']:.3f} | "
-                     f"{r['tok_s']:.1f} tok/s | {r['compile_s']:.1f} | "
+                     f"{r['tok_s']:.1f} tok/s{roof} | {r['compile_s']:.1f} | "
                      f"{_gib(r['peak_bytes_in_use'])} |")
     for r in rec["speculative"]:
         sp = " / ".join(f"{v:.2f}x" for v in r["predicted_speedup"].values())
@@ -553,6 +595,7 @@ def main(argv=None) -> dict[str, Any]:
     rec: dict[str, Any] = {
         "device": {"platform": dev.platform, "device_kind": kind,
                    "num_devices": jax.device_count(), "peak_bf16_flops": peak_flops(kind),
+                   "peak_hbm_bytes_per_s": peak_bandwidth(kind),
                    "bytes_limit": bytes_limit()},
         "settings": {k: v for k, v in vars(args).items()},
         "plain_decode": [], "speculative": [], "train": None,
@@ -586,6 +629,7 @@ def main(argv=None) -> dict[str, Any]:
                                        "why": "time budget"})
                 continue
             plain_rows[batch] = measure_plain(name, tc, tparams, batch, args, rec)
+            save_partial(rec, args)
         for i, batch in enumerate(args.spec_batch):
             for k, mode in args.combos:
                 job = (label, name, prefix, tc, batch, k, mode, plain_rows.get(batch))
@@ -600,6 +644,7 @@ def main(argv=None) -> dict[str, Any]:
             tc = TargetConfig.tiny_qwen3() if args.tiny else TargetConfig.qwen3_8b()
             tparams = jax.block_until_ready(random_target(tc, dtype))
         measure_train(tc, tparams, args, rec, kind)
+        save_partial(rec, args)
         del tparams
     for job in later:
         run_spec(job, loaded, budget, args, rec)
@@ -609,10 +654,20 @@ def main(argv=None) -> dict[str, Any]:
     print(table(rec))
     print(f"\ntotal {rec['total_s']:.0f} s", flush=True)
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(rec, f, indent=1, default=str)
+        save_partial(rec, args)
         print(f"written to {args.out}")
     return rec
+
+
+def save_partial(rec, args) -> None:
+    """Rewrite --out after every measurement (temp file + rename), so a run cut off by a
+    lease or a wall-clock limit still leaves every finished row."""
+    if not args.out:
+        return
+    tmp = args.out + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(rec, f, indent=1, default=str)
+    os.replace(tmp, args.out)
 
 
 def run_spec(job, loaded, budget, args, rec, reserve=0.0):
@@ -624,6 +679,7 @@ def run_spec(job, loaded, budget, args, rec, reserve=0.0):
                                else "no plain step at this batch"})
         return
     measure_spec(name, prefix, tc, loaded[label][1], batch, k, mode, plain_row, args, rec)
+    save_partial(rec, args)
 
 
 if __name__ == "__main__":

@@ -53,3 +53,24 @@ def test_bench_accelerator_tiny(tmp_path):
     # CPU: no peak table entry (MFU omitted) and no memory_stats (peak omitted)
     assert rec["device"]["platform"] == "cpu" and "mfu" not in t
     assert _positive(rec["overheads"]["init_s"]["tiny-qwen3"])
+    assert rec["device"]["peak_hbm_bytes_per_s"] is None
+    assert all("pct_of_bandwidth_roofline" not in r for r in rec["plain_decode"])
+
+
+def test_roofline_tables_and_decode_bytes():
+    """The peak tables match device kinds most-specific first, and the decode roofline
+    counts every weight once plus the full K/V buffer (bf16: 2 bytes a value)."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        import bench_accelerator as bench
+    finally:
+        sys.path.pop(0)
+    from dblast_jax.config import TargetConfig
+    assert bench.peak_bandwidth("NVIDIA H200") == 4.8e12
+    assert bench.peak_bandwidth("NVIDIA H100 PCIe") == 2.0e12
+    assert bench.peak_bandwidth("NVIDIA H100 80GB HBM3") == 3.35e12
+    assert bench.peak_bandwidth("TPU v5 lite") == 0.819e12
+    assert bench.peak_bandwidth("cpu") is None and bench.peak_flops("cpu") is None
+    tc = TargetConfig.smollm2_135m()
+    kv_values = 8 * 256 * tc.num_layers * 2 * tc.num_kv_heads * tc.head_dim
+    assert bench.decode_step_bytes(tc, 8, 256, 1000) == 2 * (1000 + kv_values)
