@@ -7,8 +7,8 @@
 
 from dblast_jax.config import DrafterConfig, RopeScaling, SamplingConfig, TargetConfig
 from dblast_jax.generation import (Drafter, GenerationResult, Target, export_drafter, generate,
-                                   init_drafter, load_drafter, load_target,
-                                   speculative_generate)
+                                   init_drafter, load_drafter, load_target, on_mesh,
+                                   parse_mesh, speculative_generate)
 from dblast_jax.demo import DemoConfig, run_demo
 
 __all__ = [
@@ -26,6 +26,8 @@ __all__ = [
     "TargetConfig",
     "generate",
     "load_target",
+    "on_mesh",
+    "parse_mesh",
     "run_demo",
 ]
 

@@ -98,18 +98,19 @@ def _cmd_generate(args) -> int:
     import jax.numpy as jnp
 
     from dblast_jax.config import SamplingConfig
-    from dblast_jax.generation import (drafter_from_spec, generate, load_target,
-                                       speculative_generate)
+    from dblast_jax.generation import (drafter_from_spec, generate, load_target, on_mesh,
+                                       parse_mesh, speculative_generate)
 
     dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[args.dtype]
-    target = load_target(args.model, dtype=dtype)
+    mesh = parse_mesh(args.mesh)
+    target = on_mesh(load_target(args.model, dtype=dtype), mesh)
     prompts = args.prompt or ["Write a haiku about speculative decoding."]
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               max_new_tokens=args.max_new_tokens, verify_mode=args.verify_mode,
                               category_temperature=args.category_temperature,
                               draft_temperature=args.draft_temperature)
     if args.drafter:
-        drafter = drafter_from_spec(args.drafter, target, dtype)
+        drafter = on_mesh(drafter_from_spec(args.drafter, target, dtype), mesh)
         result = speculative_generate(target, drafter, prompts, sampling, rng=args.seed,
                                       chat=not args.no_chat, warmup=args.warmup)
     else:
@@ -154,19 +155,15 @@ def _cmd_train(args) -> int:
 
 
 def _cmd_export(args) -> int:
-    from dblast_jax.generation import drafter_from_spec, export_drafter, load_target
-    from dblast_jax.train.checkpoint import read_train_config
+    from dblast_jax.generation import (drafter_from_spec, export_drafter, load_target,
+                                       parse_mesh)
+    from dblast_jax.train.restore import export_workdir, is_training_workdir
 
-    if read_train_config(args.source) is not None:  # a training workdir
-        from dblast_jax.train.config import TrainConfig
-        from dblast_jax.train.trainer import Trainer
-        config = TrainConfig.from_dict(read_train_config(args.source))
-        trainer = Trainer(config, args.source, progress=False)
-        try:
-            trainer.export(args.out, dtype=args.dtype,  # logs "exported drafter to ..."
-                           force=args.force)
-        finally:
-            trainer.close()
+    if is_training_workdir(args.source):
+        # its latest checkpoint's drafter, restored onto the devices present (any count:
+        # not the training mesh's); no training data or target weights are read
+        export_workdir(args.source, args.out, dtype=args.dtype, force=args.force,
+                       mesh=parse_mesh(args.mesh))  # logs "exported drafter to ..."
     else:  # an existing export / DFlash folder / pretrained:NAME: re-export (e.g. bfloat16)
         target = load_target(args.target)
         path = export_drafter(drafter_from_spec(args.source, target), args.out,
@@ -184,11 +181,14 @@ def _cmd_eval(args) -> int:
     import jax.numpy as jnp
 
     from dblast_jax.evaluate import run_evaluation, table_markdown
-    from dblast_jax.generation import load_target, named_drafters
+    from dblast_jax.generation import load_target, named_drafters, on_mesh, parse_mesh
 
     _check_baseline(args)
+    mesh = parse_mesh(args.mesh)
     target = load_target(args.model)
-    drafters = named_drafters(args.drafter, target, jnp.float32)
+    drafters = {name: on_mesh(d, mesh)
+                for name, d in named_drafters(args.drafter, target, jnp.float32).items()}
+    target = on_mesh(target, mesh)
     results = run_evaluation(
         target, drafters, benchmarks=args.benchmarks, temperatures=args.temperatures,
         prompts_per_benchmark=args.prompts_per_benchmark, max_new_tokens=args.max_new_tokens,
@@ -267,6 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-temperature", type=positive_float, default=1.0)
     p.add_argument("--warmup", action="store_true",
                    help="compile first so the reported speed excludes compilation")
+    p.add_argument("--mesh", default=None, metavar="DATA,FSDP,TENSOR",
+                   help="decode on a device mesh (e.g. 2,2,2 or -1,1,1): prompts split over "
+                   "data, weights over fsdp / tensor; same tokens as one device")
     _add_sampling_args(p)
     p.set_defaults(func=_cmd_generate)
 
@@ -294,13 +297,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write modeling_dblast.py and config.json's auto_map, so that "
                         "transformers' AutoModel.from_pretrained(OUT, trust_remote_code=True) "
                         "loads a drafter with spec_generate")
+    p.add_argument("--mesh", metavar="DATA,FSDP,TENSOR",
+                   help="for a training workdir: the device mesh to restore its checkpoint "
+                        "onto (e.g. 1,-1,1); default: the training mesh if the devices "
+                        "present fit it, else all of them on the fsdp axis")
     p.set_defaults(func=_cmd_export)
 
     p = sub.add_parser("eval", help="tau / speedup across benchmarks and temperatures")
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--drafter", action="append", required=True,
                    help="NAME=FOLDER[@mode=mixture,zt=0.5] (repeatable; FOLDER may be "
-                   "pretrained:NAME, a shipped drafter; NAME=random-kN for an untrained one; "
+                   "pretrained:NAME, a shipped drafter, or a training workdir, its latest "
+                   "checkpoint on any devices; NAME=random-kN for an untrained one; "
                    "'@' settings override --verify-mode / Z_T per name)")
     p.add_argument("--baseline", help="drafter NAME the gains are relative to")
     p.add_argument("--benchmarks", nargs="+",
@@ -314,13 +322,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prompts per generate call (one result row per batch)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="eval_out", type=folder, help="resumable output folder")
+    p.add_argument("--mesh", default=None, metavar="DATA,FSDP,TENSOR",
+                   help="decode on a device mesh (e.g. 2,2,2 or -1,1,1): prompts split over "
+                   "data, weights over fsdp / tensor; same tokens as one device")
     p.set_defaults(func=_cmd_eval)
 
     p = sub.add_parser("validate", help="held-out expected acceptance of drafters (exact "
                        "per block from stored target log-probs; no generation)")
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--drafter", action="append", required=True,
-                   help="NAME=FOLDER or NAME=pretrained:NAME (repeatable); "
+                   help="NAME=FOLDER or NAME=pretrained:NAME (repeatable; FOLDER may be a "
+                        "training workdir: its latest checkpoint); "
                         "NAME=FOLDER@zt=0.5 scores it with category temperature Z_T")
     p.add_argument("--data", required=True,
                    help="held-out data: a corpus folder (with --shards), .jsonl or 'synthetic'")

@@ -117,6 +117,51 @@ class GenerationResult:
     stats: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
+# ---- meshes ------------------------------------------------------------------------------
+
+def parse_mesh(spec: Optional[str]):
+    """'data,fsdp,tensor' (e.g. '2,2,2' or '-1,1,1') -> a Mesh over this process's
+    devices; None or '' -> None (one device)."""
+    from dblast_jax import sharding
+    if not spec:
+        return None
+    try:
+        shape = tuple(int(x) for x in str(spec).split(","))
+    except ValueError:
+        shape = ()
+    if len(shape) != 3:
+        raise ValueError(f"mesh {spec!r}: expected three integers data,fsdp,tensor "
+                         "(e.g. 2,2,2 or -1,1,1)")
+    return sharding.make_mesh(*shape)
+
+
+def on_mesh(model: Union["Target", "Drafter"], mesh) -> Union["Target", "Drafter"]:
+    """The same target or drafter with its parameters placed on `mesh` by the project's
+    partition rules (fsdp / tensor axes); batches passed to `generate` /
+    `speculative_generate` then go over the data axis. mesh None: returned unchanged."""
+    from dblast_jax import sharding
+    if mesh is None:
+        return model
+    rules = sharding.TARGET_RULES if isinstance(model, Target) else sharding.DRAFTER_RULES
+    return dataclasses.replace(model, params=sharding.shard_params(model.params, mesh, rules))
+
+
+def mesh_of(params: Any):
+    """The mesh a parameter pytree is placed on (None: not on a multi-device mesh)."""
+    leaf = jax.tree.leaves(params)[0] if jax.tree.leaves(params) else None
+    mesh = getattr(getattr(leaf, "sharding", None), "mesh", None)
+    return mesh if mesh is not None and getattr(mesh, "size", 1) > 1 else None
+
+
+def _place_batch(mesh, *arrays):
+    """Rows of each [B, ...] array on the mesh's data axis (replicated where B does not
+    divide); unchanged without a mesh."""
+    if mesh is None:
+        return arrays
+    from dblast_jax import sharding
+    return tuple(jax.device_put(a, sharding.batch_sharding(mesh, a.shape)) for a in arrays)
+
+
 def _trim(out: np.ndarray, counts: np.ndarray) -> list[list[int]]:
     return [[int(t) for t in row[:n] if t != PAD_ID] for row, n in zip(out, counts)]
 
@@ -188,9 +233,11 @@ def generate(target: Target, prompts: Sequence[Prompt], sampling: SamplingConfig
 
     With `warmup=True` the jitted call is run once first (unless a call of the same
     shapes already ran in this process), so `timing['seconds']` measures generation alone
-    (what benchmarks want).
+    (what benchmarks want). A target placed on a mesh (`on_mesh`) generates there, the
+    batch split over the data axis; the tokens equal a one-device run's.
     """
     rng, sampling, tokens, lengths, cache_size = _prepare(target, prompts, sampling, rng, chat)
+    tokens, lengths = _place_batch(mesh_of(target.params), tokens, lengths)
     (out, counts), timing = _timed(
         lambda: generate_tokens(target.params, tokens, lengths, rng, config=target.config,
                                 sampling=sampling, cache_size=cache_size), warmup,
@@ -229,8 +276,9 @@ def load_drafter(path: str | os.PathLike, target: Target, dtype=jnp.float32) -> 
 
 
 def drafter_from_spec(spec: str, target: Target, dtype=jnp.float32) -> Drafter:
-    """A drafter folder, `pretrained:NAME` (a drafter shipped in the repository, checked
-    by sha256), or `random` / `random-kN` (untrained: shows the overhead floor)."""
+    """A drafter folder, a training workdir (its latest checkpoint), `pretrained:NAME` (a
+    drafter shipped in the repository, checked by sha256), or `random` / `random-kN`
+    (untrained: shows the overhead floor)."""
     from dblast_jax import pretrained
     if pretrained.is_pretrained_spec(spec):
         from dblast_jax.io import presets
@@ -251,7 +299,24 @@ def drafter_from_spec(spec: str, target: Target, dtype=jnp.float32) -> Drafter:
         drafter = init_drafter(target, config, 0, dtype)
         drafter.name = spec
         return drafter
+    if (os.path.isfile(os.path.join(spec, "train_config.json"))
+            and not os.path.isfile(os.path.join(spec, "config.json"))):
+        return load_workdir_drafter(spec, target, dtype)
     return load_drafter(spec, target, dtype)
+
+
+def load_workdir_drafter(workdir: str | os.PathLike, target: Target,
+                         dtype=jnp.float32) -> Drafter:
+    """The drafter of a training workdir's latest checkpoint (read onto one device,
+    whatever mesh it was trained on; no training data needed) for `target`."""
+    from dblast_jax import sharding
+    from dblast_jax.models import drafter as drafter_lm
+    from dblast_jax.train.restore import restore_drafter
+    restored = restore_drafter(os.fspath(workdir), mesh=sharding.make_mesh(1, 1, 1),
+                               log=lambda s: None)
+    drafter_lm.check_drafter_fits_target(restored.drafter_config, target.config)
+    params = jax.tree.map(lambda x: jnp.asarray(x, dtype), restored.params_host())
+    return Drafter(restored.drafter_config, params, Path(os.path.abspath(workdir)).name)
 
 
 # sampling settings a drafter spec may fix for itself (evaluation ablations): the key
@@ -348,13 +413,23 @@ def speculative_generate(target: Target, drafter: Drafter, prompts: Sequence[Pro
     """Speculative sampling: same output distribution as `generate`, fewer target passes.
 
     `stats` holds tau (empirical and expected), the accepted-count histogram and the
-    per-position acceptance rates.
+    per-position acceptance rates. Target and drafter placed on one mesh (`on_mesh`)
+    decode there, the batch split over the data axis.
     """
     from dblast_jax.models.drafter import check_drafter_fits_target
     from dblast_jax.sampler import speculative_generate_tokens
     check_drafter_fits_target(drafter.config, target.config)
     rng, sampling, tokens, lengths, cache_size = _prepare(
         target, prompts, sampling, rng, chat, extra_cache=drafter.config.block_size)
+    mesh, dmesh = mesh_of(target.params), mesh_of(drafter.params)
+    if mesh is not None and dmesh is not None and dmesh != mesh:
+        raise ValueError("target and drafter are placed on different meshes; place both "
+                         "with on_mesh(..., mesh) on the same mesh")
+    mesh = mesh or dmesh
+    if mesh is not None:  # the other one follows (placed once per call; place both ahead
+        target = target if mesh_of(target.params) else on_mesh(target, mesh)  # to reuse)
+        drafter = drafter if mesh_of(drafter.params) else on_mesh(drafter, mesh)
+    tokens, lengths = _place_batch(mesh, tokens, lengths)
     (out, counts, accepted, expected), timing = _timed(
         lambda: speculative_generate_tokens(
             target.params, drafter.params, tokens, lengths, rng, target_config=target.config,

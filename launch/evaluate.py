@@ -32,6 +32,8 @@ flags.DEFINE_integer("batch_size", 1, "prompts per generate call (one result row
 flags.DEFINE_integer("seed", 0, "sampling seed")
 flags.DEFINE_string("out", "eval_out", "output folder (resumable)")
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "parameter dtype")
+flags.DEFINE_string("mesh", None, "data,fsdp,tensor device mesh for decoding (e.g. 2,2,2 or "
+                    "-1,1,1): prompts over data, weights over fsdp / tensor")
 
 
 def main(argv):
@@ -39,7 +41,8 @@ def main(argv):
     import jax.numpy as jnp
 
     from dblast_jax.evaluate import run_evaluation, table_markdown
-    from dblast_jax.generation import load_target, named_drafters, parse_drafter_spec
+    from dblast_jax.generation import (load_target, named_drafters, on_mesh, parse_drafter_spec,
+                                       parse_mesh)
 
     errors.check_float_flags([("temperatures", FLAGS.temperatures)], minimum=0.0,
                              example="0.7,1.0")
@@ -48,8 +51,11 @@ def main(argv):
         raise ValueError(f"--baseline={FLAGS.baseline!r} is not one of the --drafter names "
                          f"{names}; pass --baseline=NAME with one of them")
     dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[FLAGS.dtype]
+    mesh = parse_mesh(FLAGS.mesh)
     target = load_target(FLAGS.model, dtype=dtype)
-    drafters = named_drafters(FLAGS.drafter, target, dtype)
+    drafters = {name: on_mesh(d, mesh)
+                for name, d in named_drafters(FLAGS.drafter, target, dtype).items()}
+    target = on_mesh(target, mesh)
     results = run_evaluation(
         target, drafters, benchmarks=FLAGS.benchmarks,
         temperatures=[float(t) for t in FLAGS.temperatures],
