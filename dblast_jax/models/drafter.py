@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
@@ -205,10 +205,13 @@ def check_drafter_fits_target(drafter_config: DrafterConfig,
                          f"vocab_size {t.vocab_size}")
 
 
-def abstract_drafter_params(drafter_config: DrafterConfig, target_config: TargetConfig,
-                            dtype=jnp.float32) -> Params:
-    """Parameter shapes/dtypes (`jax.ShapeDtypeStruct` leaves) without allocating."""
-    check_drafter_fits_target(drafter_config, target_config)
+def abstract_drafter_params(drafter_config: DrafterConfig,
+                            target_config: Optional[TargetConfig], dtype=jnp.float32) -> Params:
+    """Parameter shapes/dtypes (`jax.ShapeDtypeStruct` leaves) without allocating.
+    target_config None: the drafter's own shapes, without checking it fits a target
+    (restoring a training checkpoint needs no target)."""
+    if target_config is not None:
+        check_drafter_fits_target(drafter_config, target_config)
     _, state = _graph_and_abstract_state(drafter_config, jnp.dtype(dtype).name)
     return _plain_dict(nnx.to_pure_dict(state))
 
