@@ -23,6 +23,7 @@ CORE = [
     "numpy>=2.4.6,<3",
     "tqdm>=4.70.1,<5",
     "matplotlib>=3.11.2,<4",
+    "tensorboardX>=2.6.5,<3",  # live metrics (event files without TensorFlow)
 ]
 
 TORCH = ["torch==2.13.0"]

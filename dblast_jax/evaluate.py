@@ -8,7 +8,8 @@ Two layers:
   on one benchmark at one temperature.
 * `run_evaluation`, which produces the rows with `generate` / `speculative_generate`,
   appends each to `rows.jsonl` as soon as it finishes (so a rerun skips finished work)
-  and writes results.json / .csv / .md and PNG plots at the end.
+  and writes results.json / .csv / .md, PNG plots and the same numbers as TensorBoard
+  scalars (`write_scalar_summary`, out_dir/tensorboard) at the end.
 
 Pooling convention: a cell's tau is total emitted tokens per step over all its steps,
 sum_steps (accepted + 1) / n_steps, i.e. prompts are weighted by their number of steps
@@ -31,7 +32,7 @@ import numpy as np
 
 __all__ = ["PLAIN", "pool_rows", "aggregate", "per_position_from_histogram", "macro_average",
            "relative_gain", "build_table", "table_markdown", "table_csv", "write_tables",
-           "write_plots", "run_evaluation", "temperature_key"]
+           "write_plots", "write_scalar_summary", "run_evaluation", "temperature_key"]
 
 PLAIN = "plain"  # method name of the plain-decoding rows (reserved; no drafter may use it)
 
@@ -322,6 +323,35 @@ def write_plots(cells: Sequence[Mapping[str, Any]], out_dir: str | Path) -> list
     return paths
 
 
+def write_scalar_summary(result: Mapping[str, Any], out_dir: str | Path) -> Path:
+    """The numbers of `write_tables`' result as TensorBoard scalars in out_dir/tensorboard
+    (`tensorboard --logdir OUT/tensorboard`), all at step 0 (an evaluation has no step):
+    per cell `METRIC/METHOD/BENCHMARK/T<t>` for tau, tau_expected, tau_se, speedup and
+    tokens_per_s, per drafter `METRIC/DRAFTER/macro/T<t>` (and `.../gain/T<t>` against
+    the baseline); TensorBoard turns characters outside [A-Za-z0-9_.-/] into `_`. A
+    rerun replaces the folder's event files, so each tag holds one value."""
+    from dblast_jax.train.metric_writers import TENSORBOARD_DIR, TensorBoardWriter
+    logdir = Path(out_dir) / TENSORBOARD_DIR
+    scalars: dict[str, Any] = {}
+    for c in result.get("cells", ()):
+        cell = f"{c['method']}/{c['benchmark']}/T{temperature_key(c['temperature'])}"
+        for key in ("tau", "tau_expected", "tau_se", "speedup", "tokens_per_s"):
+            scalars[f"{key}/{cell}"] = c.get(key)
+    for metric, table in result.get("tables", {}).items():
+        for row in table["rows"]:
+            for col in table["columns"]:
+                if col.startswith(("macro@", "gain@")):
+                    tag = f"{metric}/{row['drafter']}/{col.replace('@', '/')}"
+                    scalars[tag] = row.get(col)
+    writer = TensorBoardWriter(str(logdir))
+    if writer.primary and logdir.is_dir():
+        for old in logdir.glob("events.out.tfevents.*"):
+            old.unlink()
+    with writer:
+        writer.write_scalars(0, scalars)  # None (a missing cell) is skipped
+    return logdir
+
+
 # ---- running -------------------------------------------------------------------------------
 
 def _items_from_benchmark(name: str, limit: Optional[int]) -> list[tuple[str, Any]]:
@@ -451,7 +481,8 @@ def _run_evaluation(target, drafters: Mapping[str, Any], *,
                    progress: bool = True,
                    prompt_sets: Optional[Mapping[str, Sequence[Any]]] = None,
                    warmup: bool = True,
-                   plots: bool = True) -> dict:
+                   plots: bool = True,
+                   tensorboard: bool = True) -> dict:
     """Evaluate `drafters` against plain decoding of `target`; resumable.
 
     For each benchmark and temperature: plain `generate` once (the speed reference), then
@@ -468,7 +499,8 @@ def _run_evaluation(target, drafters: Mapping[str, Any], *,
     `prompt_sets` (name -> items) replaces loading `benchmarks` by name; an item is a
     `Prompt`, a message list or a token-id list (ids are the item indices). `warmup`
     runs each jitted call once before timing it (tokens/s then excludes compilation).
-    Returns the results.json object (meta, cells, tables).
+    `tensorboard` also writes the tables' numbers to out_dir/tensorboard
+    (`write_scalar_summary`). Returns the results.json object (meta, cells, tables).
     """
     from tqdm.auto import tqdm
 
@@ -555,4 +587,6 @@ def _run_evaluation(target, drafters: Mapping[str, Any], *,
     result = write_tables(cells, out, baseline, meta)
     if plots:
         write_plots(cells, out)
+    if tensorboard:
+        write_scalar_summary(result, out)
     return result

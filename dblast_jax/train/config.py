@@ -92,6 +92,11 @@ class TrainConfig:
     # skipped and counted (metrics `skipped_steps`), an error past max_skipped_steps
     nonfinite_policy: str = "error"
     max_skipped_steps: int = 10
+    # live metrics (train/metric_writers.py): the metrics.jsonl / validation.jsonl rows
+    # also as scalars; logging only, never part of a run's identity or its step
+    tensorboard: bool = True  # event files in workdir/tensorboard (tensorboard --logdir)
+    wandb_project: str = ""  # "": off; else a Weights & Biases run (pip install wandb)
+    wandb_run_name: str = ""  # "": W&B picks one
 
     # ---- held-out validation (workdir/validation.jsonl), so overfitting and the real
     # acceptance of the drafter on text it never saw are visible during a run

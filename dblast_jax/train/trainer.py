@@ -50,6 +50,7 @@ from dblast_jax.models import drafter as drafter_lib
 from dblast_jax.models import target as target_lib
 from dblast_jax.train import batches as batches_lib
 from dblast_jax.train import distill
+from dblast_jax.train import metric_writers
 from dblast_jax.train import validation as validation_lib
 from dblast_jax.train import warm_start
 from dblast_jax.train.checkpoint import (Checkpointer, check_workdir, experiment_identity,
@@ -511,7 +512,8 @@ def _step_cache_key(config: TrainConfig) -> TrainConfig:
                           log_every=1, export=False, seed=0, validate_every=0,
                           validation_data="", validation_shards="", validation_batches=1,
                           feature_cache="", feature_cache_dtype="float32",
-                          nonfinite_policy="error", max_skipped_steps=0)
+                          nonfinite_policy="error", max_skipped_steps=0, tensorboard=True,
+                          wandb_project="", wandb_run_name="")
 
 
 # ---- targets and data ---------------------------------------------------------------------------
@@ -914,6 +916,7 @@ class Trainer:
         history: list[dict[str, Any]] = []
         metrics_path = os.path.join(self.workdir, "metrics.jsonl")
         primary = jax.process_index() == 0
+        self._live_metrics()  # opened before the first step: a missing wandb fails here
         bar = None
         if self.progress and step < end:
             from tqdm.auto import tqdm
@@ -987,6 +990,7 @@ class Trainer:
             history.append(row)
             if primary:
                 self._append_row(metrics_path, row, step)
+                self._live_metrics().write_scalars(step, row, "train")
             if bar is not None:
                 post = {"loss": f"{row['loss']:.3f}"}
                 if "al_estimate" in row:
@@ -1022,6 +1026,7 @@ class Trainer:
         if jax.process_index() == 0:
             self._append_row(os.path.join(self.workdir, validation_lib.VALIDATION_FILE), row,
                              step)
+            self._live_metrics().write_scalars(step, row, "heldout")
         text = (f"validation @ {step}: block nll {m.get('block_nll', m['nll']):.3f}, "
                 f"top-1 {m['top1_mean']:.3f}")
         if "al_estimate" in m:
@@ -1086,7 +1091,24 @@ class Trainer:
             multihost_utils.sync_global_devices("dblast_export")
         return folder
 
+    def _live_metrics(self) -> metric_writers.MetricWriter:
+        """The TensorBoard / W&B writers of the config (train/metric_writers.py), opened
+        once per Trainer: rows go there as they go to metrics.jsonl ("train/...") and
+        validation.jsonl ("heldout/..."), against the step. A resumed run purges the
+        TensorBoard events past its checkpoint (those steps are redone)."""
+        writer = getattr(self, "_metric_writer", None)
+        if writer is None:
+            writer = self._metric_writer = metric_writers.make_train_writer(
+                self.config, self.workdir, start_step=self.start_step)
+        return writer
+
     def close(self) -> None:
+        writer, self._metric_writer = getattr(self, "_metric_writer", None), None
+        if writer is not None:
+            try:
+                writer.close()
+            except Exception as e:  # noqa: BLE001 -- a view of the run; never fails it
+                self.log(f"closing the live-metrics writers failed: {e}")
         try:
             self.ckpt.close()
         except Exception as e:
