@@ -4,14 +4,26 @@
         --verify_temperatures=0.7,1.0,1.5 --max_new_tokens=512 --batch_size=8
 
 Re-running with the same flags skips finished shards; --max_shards bounds one session.
+Several processes (one per host of a pod, say) share the shards: run the same command on
+each with --auto_distributed, or --coordinator_address / --num_processes / --process_id
+(as launch/train.py); --out must then be one shared folder. --mesh=-1,1,1 splits each
+batch over this process's devices. launch/README.md has a TPU pod recipe.
 An expected failure prints one line and exits with status 2; --debug (or DBLAST_DEBUG=1)
 shows the traceback.
 """
 
+import os
+import sys
+
 from absl import flags
 
-from dblast_jax import errors
-from dblast_jax.data.cli_commands import run_regenerate
+try:
+    import dblast_jax  # noqa: F401
+except ImportError:  # running from a checkout without `pip install -e .`
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from dblast_jax import errors  # noqa: E402  (after the checkout fallback above)
+from dblast_jax.data.cli_commands import run_regenerate  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_bool("debug", False, "show the traceback of every error, expected ones too "
@@ -32,6 +44,19 @@ flags.DEFINE_integer("seed", 0, "sampling and prompt-order seed")
 flags.DEFINE_integer("max_shards", None, "stop after this many new shards")
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "parameter dtype")
 flags.DEFINE_string("system", None, "system message")
+flags.DEFINE_string("prompts_from", None, "CORPUS:A:B: answer the prompts of that corpus's "
+                    "shards A .. B-1 instead of the training pools")
+flags.DEFINE_string("mesh", None, "data,fsdp,tensor mesh over this process's devices, e.g. "
+                    "-1,1,1")
+flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-process); "
+                    "env JAX_COORDINATOR_ADDRESS")
+flags.DEFINE_integer("num_processes", None, "number of processes; env JAX_NUM_PROCESSES")
+flags.DEFINE_integer("process_id", None, "this process's index; env JAX_PROCESS_ID")
+flags.DEFINE_bool("auto_distributed", False, "jax.distributed.initialize() with no arguments "
+                  "(Cloud TPU pods, SLURM: the cluster is detected)")
+flags.DEFINE_string("cpu_collectives", "gloo", "CPU cross-process collectives (multi-process "
+                    "CPU runs)")
+flags.DEFINE_bool("progress", True, "tqdm progress bar (process 0)")
 
 
 def main(argv):
@@ -41,6 +66,11 @@ def main(argv):
                              minimum=0.0, example="1.0")
     errors.check_float_flags([("top_p", FLAGS.top_p)], minimum=0.0, strict=True, maximum=1.0,
                              example="0.95")
+    import jax
+
+    from dblast_jax.distributed import initialize
+    initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
+               auto=FLAGS.auto_distributed, cpu_collectives=FLAGS.cpu_collectives)
     m = run_regenerate(
         FLAGS.model, FLAGS.out, pools=FLAGS.pools, limit=FLAGS.limit,
         gen_temperatures=[float(t) for t in FLAGS.gen_temperatures],
@@ -48,7 +78,10 @@ def main(argv):
         top_k=FLAGS.top_k, top_p=FLAGS.top_p, max_new_tokens=FLAGS.max_new_tokens,
         max_prompt_tokens=FLAGS.max_prompt_tokens, batch_size=FLAGS.batch_size,
         shard_size=FLAGS.shard_size, seed=FLAGS.seed, max_shards=FLAGS.max_shards,
-        dtype=FLAGS.dtype, system=FLAGS.system)
+        dtype=FLAGS.dtype, system=FLAGS.system, prompts_from=FLAGS.prompts_from,
+        mesh=FLAGS.mesh, progress=FLAGS.progress)
+    if jax.process_index() != 0:
+        return
     t = m["totals"]
     print(f"{FLAGS.out}: {t['shards']}/{m['num_shards']} shards, {t['sequences']} sequences, "
           f"{t['tokens']} tokens; complete={m['complete']}; {m['wall_seconds_this_run']} s")

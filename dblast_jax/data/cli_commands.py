@@ -71,16 +71,21 @@ def run_regenerate(model: str, out: str, *, pools: Optional[Sequence[str]] = Non
                    batch_size: int = 8, shard_size: int = 256, seed: int = 0,
                    max_shards: Optional[int] = None, dtype: str = "float32",
                    system: Optional[str] = None, progress: bool = True,
-                   prompts_from: Optional[str] = None) -> dict:
+                   prompts_from: Optional[str] = None, mesh: Optional[str] = None) -> dict:
     """Load the target, pick the training prompts, regenerate (or resume) into `out`.
 
     prompts_from: "CORPUS:A:B" answers the prompts of that corpus's shards A .. B-1
-    instead of the training pools (e.g. a held-out range again at another temperature)."""
+    instead of the training pools (e.g. a held-out range again at another temperature).
+    mesh: "data,fsdp,tensor" over this process's devices (e.g. "-1,1,1": batches over
+    every local device). Several processes (`dblast_jax.distributed.initialize` called
+    first) share the shards; each calls this with the same arguments."""
     import jax.numpy as jnp
 
     from dblast_jax.data.regenerate import (RegenConfig, corpus_prompts, regenerate,
                                             training_work)
+    from dblast_jax.distributed import local_mesh
     from dblast_jax.generation import load_target
+    device_mesh = local_mesh(mesh)  # a bad spec fails before the target loads
     if prompts_from:
         if pools or limit is not None or system:
             raise ValueError("--prompts-from replaces the training pools: drop --pools / "
@@ -98,13 +103,19 @@ def run_regenerate(model: str, out: str, *, pools: Optional[Sequence[str]] = Non
                       max_new_tokens=max_new_tokens, max_prompt_tokens=max_prompt_tokens,
                       batch_size=batch_size, shard_size=shard_size, seed=seed, system=system)
     t0 = time.perf_counter()
-    manifest = regenerate(target, prompts, out, cfg, max_shards=max_shards, progress=progress)
+    manifest = regenerate(target, prompts, out, cfg, max_shards=max_shards, progress=progress,
+                          mesh=device_mesh)
     manifest = dict(manifest, wall_seconds_this_run=round(time.perf_counter() - t0, 1),
                     overlaps_dropped=[o.train for o in dropped])
     return manifest
 
 
 def cmd_data_regenerate(args) -> int:
+    import jax
+
+    from dblast_jax.distributed import initialize
+    initialize(args.coordinator_address, args.num_processes, args.process_id,
+               auto=args.auto_distributed, cpu_collectives=args.cpu_collectives)
     manifest = run_regenerate(
         args.model, args.out, pools=_names(args.pools), limit=args.limit,
         gen_temperatures=args.gen_temperatures, verify_temperatures=args.verify_temperatures,
@@ -112,7 +123,9 @@ def cmd_data_regenerate(args) -> int:
         max_prompt_tokens=args.max_prompt_tokens, batch_size=args.batch_size,
         shard_size=args.shard_size, seed=args.seed, max_shards=args.max_shards,
         dtype=args.dtype, system=args.system, progress=not args.no_progress,
-        prompts_from=args.prompts_from)
+        prompts_from=args.prompts_from, mesh=args.mesh)
+    if jax.process_index() != 0:
+        return 0
     t = manifest["totals"]
     print(f"{args.out}: {t['shards']}/{manifest['num_shards']} shards, {t['sequences']} "
           f"sequences, {t['tokens']} tokens ({t['response_tokens']} response); "
@@ -179,6 +192,19 @@ def add_data_subcommands(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--system", help="system message for every prompt")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--mesh", metavar="DATA,FSDP,TENSOR",
+                   help="device mesh over this process's devices, e.g. -1,1,1 (batches split "
+                        "over the data axis; the answers equal a one-device run's, the "
+                        "log-probs agree to float rounding)")
+    g = p.add_argument_group("several processes (one per host; the shards are shared out, "
+                             "--out must be one shared folder)")
+    g.add_argument("--coordinator-address", help="host:port of process 0; env "
+                   "JAX_COORDINATOR_ADDRESS")
+    g.add_argument("--num-processes", type=int, help="env JAX_NUM_PROCESSES")
+    g.add_argument("--process-id", type=int, help="env JAX_PROCESS_ID")
+    g.add_argument("--auto-distributed", action="store_true",
+                   help="jax.distributed.initialize() with cluster detection (TPU pods, SLURM)")
+    g.add_argument("--cpu-collectives", default="gloo", help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_data_regenerate)
 
     p = sub.add_parser("tfds", help="TFDS (array_record) copies of a corpus / prompt sets, "

@@ -14,7 +14,18 @@ shard is written atomically and recorded in manifest.json with its sha256; a res
 run checks that target, settings and prompts are unchanged and skips finished shards.
 Shard k uses the key fold_in(key(seed), k) (batch j inside it: fold_in(that, j)) and
 always runs full-size batches (the last is padded with a copy), so the corpus does not
-depend on where a run was interrupted.
+depend on where a run was interrupted, nor on how many processes or devices made it.
+
+Several processes (`jax.distributed` initialised, e.g. one per pod host) share the work:
+the unfinished shards are dealt round-robin (the j-th to process j % P), every process
+holds the whole target on its own devices (optionally on a `mesh` of them: rows over the
+data axis) and samples without cross-process collectives, and writes only its shards,
+each followed by a small record `.shard-NNNNN.npz.done.json` (the manifest entry and the
+corpus identity). Process 0 holds the folder lock, writes the manifest at the start and,
+after a barrier, once more from the shards and records on disk (and drops the records it
+merged), so the folder is byte-for-byte a one-process run's apart from timings. A killed
+run leaves only complete shards (atomic writes) and is resumed by running it again with
+any process count. `out_dir` must be one folder every process sees (a shared file system).
 """
 
 from __future__ import annotations
@@ -24,6 +35,8 @@ import functools
 import hashlib
 import json
 import math
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
@@ -36,6 +49,7 @@ from dblast_jax.config import SamplingConfig, TargetConfig
 from dblast_jax.data import corpus as corpus_io
 from dblast_jax.data.sources import Prompt
 from dblast_jax.data.templates import chat_messages
+from dblast_jax.io.atomic import atomic_write_json
 from dblast_jax.models import target as target_lm
 from dblast_jax.sampler import PAD_ID, cache_size_for, generate_tokens
 
@@ -262,9 +276,10 @@ def _plan(n_items: int, cfg: RegenConfig) -> list[_ShardPlan]:
 
 
 def _run_shard(target, items: Sequence[WorkItem], plan: _ShardPlan, cfg: RegenConfig,
-               stop_tokens: tuple[int, ...], on_batch: Callable[[int, int], None]
-               ) -> tuple[dict, dict]:
-    """Generate + score one shard; returns (its arrays (see corpus.py), timings)."""
+               stop_tokens: tuple[int, ...], on_batch: Callable[[int, int], None],
+               place: Callable = lambda a: jnp.asarray(a)) -> tuple[dict, dict]:
+    """Generate + score one shard; returns (its arrays (see corpus.py), timings).
+    `place` puts a host batch [B, ...] on device (over a mesh's data axis, if any)."""
     config = target.config
     sampling = SamplingConfig(temperature=plan.gen_temperature, top_k=cfg.top_k,
                               top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
@@ -284,7 +299,7 @@ def _run_shard(target, items: Sequence[WorkItem], plan: _ShardPlan, cfg: RegenCo
         toks, lens = _pad_batch([w.tokens for w in batch], width)
         t0 = time.perf_counter()
         out, counts = generate_tokens(
-            target.params, jnp.asarray(toks), jnp.asarray(lens),
+            target.params, place(toks), place(lens),
             jax.random.fold_in(shard_key, b), config=config, sampling=sampling,
             cache_size=cache_size_for(width, cfg.max_new_tokens, multiple=cfg.pad_multiple))
         out, counts = np.asarray(out), np.asarray(counts)
@@ -295,7 +310,7 @@ def _run_shard(target, items: Sequence[WorkItem], plan: _ShardPlan, cfg: RegenCo
             rows.append(list(batch[r].tokens) + answer)
         seq_w = _round_up(max(len(r) for r in rows), cfg.pad_multiple)
         stoks, _ = _pad_batch(rows, seq_w)
-        lp, en = teacher_forced(target.params, jnp.asarray(stoks), jnp.asarray(lens),
+        lp, en = teacher_forced(target.params, place(stoks), place(lens),
                                 config=config, temperatures=temps,
                                 num_new=cfg.max_new_tokens, row_block=cfg.logprob_rows)
         lp, en = np.asarray(lp), np.asarray(en)
@@ -370,18 +385,23 @@ def _check_resume(existing: dict, identity: dict, folder: Path) -> None:
 
 def regenerate(target, prompts: Sequence[PromptLike], out_dir, cfg: RegenConfig = RegenConfig(),
                *, max_shards: Optional[int] = None, progress: bool = True,
-               stop_tokens: Optional[Sequence[int]] = None) -> dict:
+               stop_tokens: Optional[Sequence[int]] = None, mesh=None) -> dict:
     """Make (or resume) a corpus in `out_dir`; returns the manifest.
 
     target: a `dblast_jax.generation.Target` (config, params, tokenizer, name).
     prompts: `Prompt` records (need the tokenizer) or token-id lists (pre-tokenised).
-    max_shards: stop after this many *new* shards (the manifest says `complete: false`).
-    One run writes a folder at a time (`out_dir/.lock`; a second is refused).
+    max_shards: stop after this many *new* shards, counted over all processes (the
+    manifest says `complete: false`).
+    mesh: a (data, fsdp, tensor) Mesh over this process's devices
+    (`dblast_jax.distributed.local_mesh`): the target is placed on it by the partition
+    rules and each batch split over its data axis; None: one device.
+    With `jax.process_count() > 1` every process calls this with the same arguments and
+    makes its share of the shards (see the module docstring); each returns the manifest.
+    One run writes a folder at a time (process 0 holds `out_dir/.lock`; a second run is
+    refused).
     """
-    from dblast_jax.workdir_lock import FolderLock
-    with FolderLock(str(out_dir), "regeneration", log=print if progress else None):
-        return _regenerate(target, prompts, out_dir, cfg, max_shards=max_shards,
-                           progress=progress, stop_tokens=stop_tokens)
+    return _regenerate(target, prompts, out_dir, cfg, max_shards=max_shards,
+                       progress=progress, stop_tokens=stop_tokens, mesh=mesh)
 
 
 def _check_prompt_ids(items: Sequence[WorkItem], vocab_size: int) -> None:
@@ -394,10 +414,73 @@ def _check_prompt_ids(items: Sequence[WorkItem], vocab_size: int) -> None:
                              "this target's tokenizer")
 
 
+# Test hook (never set in normal use): a process that has written this many shards kills
+# itself with SIGKILL, as a preempted host would (tests/test_regenerate_multiprocess.py).
+_KILL_AFTER_ENV = "DBLAST_TEST_REGEN_KILL_AFTER_SHARDS"
+_DONE_SUFFIX = ".done.json"
+
+
+def _done_record(index: int) -> str:
+    """The per-shard record written after the shard: `.shard-NNNNN.npz.done.json`."""
+    return f".{corpus_io.shard_name(index)}{_DONE_SUFFIX}"
+
+
+def _identity_key(identity: dict) -> str:
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
+def _finished(folder: Path, manifest: Optional[dict], key: str) -> dict[int, dict]:
+    """Shards complete on disk: the manifest's entries and the per-shard records of this
+    corpus (same identity) whose file is present with the recorded sha256."""
+    done: dict[int, dict] = {}
+
+    def verified(entry) -> bool:
+        path = folder / str(entry.get("file", ""))
+        return path.is_file() and corpus_io.sha256_file(path) == entry.get("sha256")
+
+    for entry in (manifest or {}).get("shards", []):
+        if verified(entry):
+            done[entry["index"]] = entry
+    for record in sorted(folder.glob(f".shard-*{_DONE_SUFFIX}")):
+        try:
+            data = json.loads(record.read_text())
+            entry, index = data["entry"], int(data["entry"]["index"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # unreadable: the shard is made again
+        if data.get("identity") == key and index not in done and verified(entry):
+            done[index] = entry
+    return done
+
+
+def _write_merged(folder: Path, identity: dict, key: str, n_plans: int) -> dict:
+    """(Process 0) the manifest from what is on disk; the records it absorbed are
+    removed afterwards (a crash in between leaves duplicates of manifest entries only)."""
+    done = _finished(folder, corpus_io.read_manifest(folder), key)
+    manifest = {"format": corpus_io.FORMAT, **identity, "num_shards": n_plans,
+                "shards": [done[i] for i in sorted(done)], "complete": False}
+    _finish(manifest, n_plans)
+    corpus_io.write_manifest(folder, manifest)
+    for record in folder.glob(f".shard-*{_DONE_SUFFIX}"):
+        try:
+            index = int(record.name[len(".shard-"):].split(".", 1)[0])
+        except ValueError:
+            continue
+        if index in done:
+            record.unlink(missing_ok=True)
+    return manifest
+
+
+def _barrier(name: str) -> None:
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices(name)
+
+
 def _regenerate(target, prompts: Sequence[PromptLike], out_dir, cfg: RegenConfig, *,
                 max_shards: Optional[int], progress: bool,
-                stop_tokens: Optional[Sequence[int]]) -> dict:
+                stop_tokens: Optional[Sequence[int]], mesh=None) -> dict:
     folder = Path(out_dir)
+    pid, nproc = jax.process_index(), jax.process_count()
     stops = tuple(int(t) for t in (target.stop_ids if stop_tokens is None else stop_tokens))
     all_items = encode_work(prompts, getattr(target, "tokenizer", None), cfg.system)
     items = [w for w in all_items if len(w.tokens) <= cfg.max_prompt_tokens]
@@ -411,60 +494,132 @@ def _regenerate(target, prompts: Sequence[PromptLike], out_dir, cfg: RegenConfig
         raise ValueError(f"longest prompt + max_new_tokens ({need}) exceed the target's "
                          f"context of {limit}; lower max_prompt_tokens or max_new_tokens")
     identity = _identity(target, items, cfg, stops, len(all_items) - len(items))
-    existing = corpus_io.read_manifest(folder)
-    if existing is not None:
-        _check_resume(existing, identity, folder)
+    key = _identity_key(identity)
     plans = _plan(len(items), cfg)
-    done = {}
-    for entry in (existing or {}).get("shards", []):
-        path = folder / entry["file"]
-        if path.is_file() and corpus_io.sha256_file(path) == entry["sha256"]:
-            done[entry["index"]] = entry
-    manifest = {"format": corpus_io.FORMAT, **identity, "num_shards": len(plans),
-                "shards": sorted(done.values(), key=lambda e: e["index"]),
-                "complete": False}
-    folder.mkdir(parents=True, exist_ok=True)
-    for stray in folder.glob(".*.tmp"):  # temp files of a run killed while writing
-        stray.unlink(missing_ok=True)
-    corpus_io.write_manifest(folder, manifest)
 
-    todo = [p for p in plans if p.index not in done]
-    bar = _progress(total=sum(p.end - p.start for p in plans),
-                    initial=sum(p.end - p.start for p in plans if p.index in done),
-                    enabled=progress)
+    # Process 0: lock, resume check, stray temp files, the manifest of what is done. The
+    # others hear the outcome (and the done shards) before anyone writes a shard.
+    from dblast_jax.workdir_lock import FolderLock
+    lock, error, done = None, None, {}
+    if pid == 0:
+        try:
+            lock = FolderLock(str(folder), "regeneration",
+                              log=print if progress else None).acquire()
+            existing = corpus_io.read_manifest(folder)
+            if existing is not None:
+                _check_resume(existing, identity, folder)
+            folder.mkdir(parents=True, exist_ok=True)
+            for stray in folder.glob(".*.tmp"):  # temp files of a run killed while writing
+                stray.unlink(missing_ok=True)
+            manifest = _write_merged(folder, identity, key, len(plans))
+            done = {e["index"]: e for e in manifest["shards"]}
+        except Exception as e:  # noqa: BLE001 -- the other processes must hear of it too
+            error = e
+    if nproc > 1:
+        from jax.experimental import multihost_utils
+        mask = np.zeros(len(plans) + 1, np.int32)
+        mask[-1] = error is None
+        for i in done:
+            if 0 <= i < len(plans):
+                mask[i] = 1
+        mask = np.asarray(multihost_utils.broadcast_one_to_all(mask))
+        if not mask[-1] and error is None:
+            error = ValueError(f"process 0 refused the regeneration into {folder} (its output "
+                               "says why)")
+        done_indices = {i for i in range(len(plans)) if mask[i]}
+        if error is None:  # every process must see process 0's manifest: one shared folder
+            seen = np.asarray(multihost_utils.process_allgather(
+                np.int32((folder / corpus_io.MANIFEST).is_file()))).reshape(-1)
+            if not seen.all():
+                blind = [int(i) for i in np.flatnonzero(seen == 0)]
+                error = ValueError(
+                    f"processes {blind} do not see {folder / corpus_io.MANIFEST}, which process "
+                    "0 just wrote: with several processes --out must be one shared folder "
+                    "(NFS, Filestore, a gcsfuse bucket) at the same path on every host")
+    else:
+        done_indices = set(done)
+    if error is not None:
+        if lock is not None:
+            lock.release()
+        raise error
+    try:
+        return _generate_shards(target, items, folder, cfg, plans, done_indices, identity,
+                                key, stops, max_shards=max_shards, progress=progress,
+                                mesh=mesh)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _generate_shards(target, items, folder: Path, cfg: RegenConfig, plans, done_indices,
+                     identity: dict, key: str, stops, *, max_shards, progress, mesh) -> dict:
+    pid, nproc = jax.process_index(), jax.process_count()
+    todo = [p for p in plans if p.index not in done_indices]
+    if max_shards is not None:
+        todo = todo[:max(0, max_shards)]
+    mine = todo[pid::nproc]  # dealt round-robin: balanced after a resume too
+    place = lambda a: jnp.asarray(a)
+    if mesh is not None:
+        from dblast_jax import sharding
+        target = dataclasses.replace(target, params=sharding.shard_params(target.params, mesh))
+        place = lambda a: jax.device_put(a, sharding.batch_sharding(mesh, np.shape(a)))
+    kill_after = int(os.environ.get(_KILL_AFTER_ENV) or 0)
+
+    if nproc == 1:  # the whole corpus, finished shards included
+        total = sum(p.end - p.start for p in plans)
+        initial = sum(p.end - p.start for p in plans if p.index in done_indices)
+    else:  # process 0's share of this run
+        total, initial = sum(p.end - p.start for p in mine), 0
+    bar = _progress(total=total, initial=initial, enabled=progress and pid == 0)
     t_start, new_tokens = time.perf_counter(), [0]
 
     def on_batch(n_prompts: int, n_tokens: int) -> None:
         new_tokens[0] += n_tokens
         rate = new_tokens[0] / max(time.perf_counter() - t_start, 1e-9)
         bar.update(n_prompts)
-        bar.set_postfix_str(f"{rate:.1f} tok/s")
+        bar.set_postfix_str(f"{rate:.1f} tok/s" + (f" (process 0 of {nproc})"
+                                                   if nproc > 1 else ""))
 
-    finished_now = 0
+    manifest = corpus_io.read_manifest(folder) if nproc == 1 else None
+    written = 0
     try:
-        for plan in todo:
-            if max_shards is not None and finished_now >= max_shards:
-                break
+        for plan in mine:
             t0 = time.perf_counter()
-            arrays, timing = _run_shard(target, items, plan, cfg, stops, on_batch)
+            arrays, timing = _run_shard(target, items, plan, cfg, stops, on_batch, place)
             name = corpus_io.shard_name(plan.index)
             digest = corpus_io.write_shard(folder / name, arrays)
             resp = int(arrays["response_mask"].sum())
-            manifest["shards"].append({
+            entry = {
                 "index": plan.index, "file": name, "sha256": digest,
                 "gen_temperature": plan.gen_temperature, "prompt_range": [plan.start, plan.end],
                 "sequences": int(arrays["offsets"].shape[0] - 1),
                 "tokens": int(arrays["tokens"].shape[0]), "response_tokens": resp,
                 "seconds": round(time.perf_counter() - t0, 3),
-                **{k: round(v, 3) for k, v in timing.items()}})
-            manifest["shards"].sort(key=lambda e: e["index"])
-            finished_now += 1
-            _finish(manifest, len(plans))
-            corpus_io.write_manifest(folder, manifest)
+                **{k: round(v, 3) for k, v in timing.items()}}
+            atomic_write_json(folder / _done_record(plan.index),
+                              {"identity": key, "process": [pid, nproc], "entry": entry})
+            if manifest is not None:  # one process: the manifest follows every shard
+                manifest["shards"] = sorted(manifest["shards"] + [entry],
+                                            key=lambda e: e["index"])
+                _finish(manifest, len(plans))
+                corpus_io.write_manifest(folder, manifest)
+            written += 1
+            if kill_after and written >= kill_after:
+                os.kill(os.getpid(), signal.SIGKILL)
     finally:
         bar.close()
-    _finish(manifest, len(plans))
-    corpus_io.write_manifest(folder, manifest)
+    _barrier("dblast_regenerate_shards")
+    if pid == 0:
+        manifest = _write_merged(folder, identity, key, len(plans))
+        missing = sorted(p.index for p in todo
+                         if p.index not in {e["index"] for e in manifest["shards"]})
+        if missing:
+            print(f"warning: shards {missing} made this run are not in {folder}: with several "
+                  "processes the output folder must be one shared folder (NFS, Filestore, "
+                  "a gcsfuse bucket) at the same path on every host", flush=True)
+    _barrier("dblast_regenerate_manifest")
+    if pid != 0:
+        manifest = corpus_io.read_manifest(folder) or {}
     return manifest
 
 

@@ -1,0 +1,66 @@
+"""Multi-process start-up shared by the launchers that run once per process / host.
+
+`initialize` calls `jax.distributed.initialize` from explicit arguments, else from the
+environment (JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID), or with no
+arguments at all (`auto=True`: Cloud TPU pods, SLURM detect the cluster). One process
+(no count, or a count of 1) is a no-op. CPU hosts need cross-process collectives
+(gloo) for the barriers, set before the runtime starts.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+__all__ = ["initialize", "local_mesh"]
+
+
+def _env_int(name: str) -> Optional[int]:
+    v = os.environ.get(name)
+    return int(v) if v not in (None, "") else None
+
+
+def initialize(coordinator_address: Optional[str] = None, num_processes: Optional[int] = None,
+               process_id: Optional[int] = None, *, auto: bool = False,
+               cpu_collectives: Optional[str] = "gloo") -> int:
+    """Start this process's part of a multi-process JAX run; returns the process count
+    the arguments ask for (1: nothing was started). ValueError when a count > 1 lacks a
+    coordinator address or a process id."""
+    import jax
+
+    if auto:
+        jax.distributed.initialize()
+        return jax.process_count()
+    address = coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
+    num = num_processes if num_processes is not None else _env_int("JAX_NUM_PROCESSES")
+    pid = process_id if process_id is not None else _env_int("JAX_PROCESS_ID")
+    if num is None or num <= 1:
+        return 1
+    if address is None or pid is None:
+        raise ValueError(f"{num} processes need a coordinator address and a process id "
+                         "(flags, or JAX_COORDINATOR_ADDRESS / JAX_PROCESS_ID)")
+    if not 0 <= pid < num:
+        raise ValueError(f"process id {pid} is outside 0 .. {num - 1}")
+    if cpu_collectives:
+        jax.config.update("jax_cpu_collectives_implementation", cpu_collectives)
+    jax.distributed.initialize(coordinator_address=address, num_processes=num, process_id=pid)
+    return num
+
+
+def local_mesh(spec: Optional[str]):
+    """'data,fsdp,tensor' (e.g. '2,1,1' or '-1,1,1') -> a Mesh over *this process's*
+    devices (a per-process job such as corpus regeneration needs no cross-process
+    collectives); None or '' -> None (one device)."""
+    import jax
+
+    from dblast_jax import sharding
+    if not spec:
+        return None
+    try:
+        shape = tuple(int(x) for x in str(spec).split(","))
+    except ValueError:
+        shape = ()
+    if len(shape) != 3:
+        raise ValueError(f"mesh {spec!r}: expected three integers data,fsdp,tensor "
+                         "(e.g. 2,1,1 or -1,1,1)")
+    return sharding.make_mesh(*shape, devices=jax.local_devices())
