@@ -12,6 +12,7 @@ CORE = [
     "flax>=0.12.8,<0.13",
     "optax>=0.2.8,<0.3",
     "orbax-checkpoint>=0.12.8,<0.13",
+    "etils[epath]>=1.15.0,<2",  # dblast_jax.io.paths: local or gs:// workdirs and exports
     "grain>=0.2.18,<0.3",
     "tensorflow-datasets>=4.9.10,<5",
     "chex>=0.1.92,<0.2",
@@ -62,6 +63,9 @@ setup(
         "torch": TORCH,
         "tpu": ["jax[tpu]>=0.10.2,<0.11"],
         "cuda12": ["jax[cuda12]>=0.10.2,<0.11"],
+        # gs:// workdirs and exports (epath's gcsfs backend; google-cloud-storage, which
+        # tensorboardX uploads event files with, comes with gcsfs)
+        "gcs": ["etils[epath-gcs]>=1.15.0,<2"],
     },
     entry_points={"console_scripts": ["dblast=dblast_jax.cli:main"]},
 )

@@ -93,8 +93,12 @@ def parse_finite(text: Any, what: str, *, minimum: Optional[float] = None,
 
 def read_json(path: str | os.PathLike, fix: str = "fix or delete the file") -> Any:
     """json.load of `path`; a parse error names the file, line and column and `fix`."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
+    from dblast_jax.io import paths  # local or gs://
+    if paths.is_local(path):
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    else:
+        text = paths.read_text(path)
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:

@@ -10,6 +10,10 @@ so a lock left behind by a dead run is never in the way: the next run takes it o
 lock is an O_CREAT|O_EXCL file; a stale one (its pid gone on this host) is taken over.
 
 Use as a context manager, or `acquire()` / `release()`; `release()` is idempotent.
+
+An object-store folder (`gs://bucket/run`) has no file locks: the lock is skipped there
+(`acquire()` logs one line and holds nothing), and one writer per such folder is the
+user's responsibility (orbax's multi-process protocol still commits each checkpoint once).
 """
 
 from __future__ import annotations
@@ -71,8 +75,10 @@ class FolderLock:
 
     def __init__(self, folder: str, what: str = "run",
                  log: Optional[Callable[[str], None]] = None):
-        self.folder = os.path.abspath(str(folder))
-        self.path = os.path.join(self.folder, LOCK_FILE)
+        from dblast_jax.io import paths
+        self.remote = not paths.is_local(folder)  # gs://...: no lock (module doc)
+        self.folder = paths.normalize(folder)
+        self.path = paths.join(self.folder, LOCK_FILE)
         self.what = what
         self.log = log or (lambda s: None)
         self._fd: Optional[int] = None
@@ -93,6 +99,10 @@ class FolderLock:
 
     def acquire(self) -> "FolderLock":
         if self._fd is not None:
+            return self
+        if self.remote:
+            self.log(f"{self.folder} is on an object store, which has no file locks: not "
+                     f"locked; make sure no other {self.what} writes there")
             return self
         if not os.path.isdir(self.folder):
             os.makedirs(self.folder, exist_ok=True)

@@ -6,6 +6,9 @@ fsync'ed, given the mode a plain `open(path, "w")` would give (0o666 less the um
 e.g. 0o644; `tempfile.mkstemp` alone would leave 0o600), renamed over the destination
 with `os.replace`, and the folder is fsync'ed (best effort) so the rename survives a
 crash. The destination's parent folders are created when missing.
+
+An object-store destination (`gs://...`) is written as one object in one call instead
+(dblast_jax.io.paths: single-object uploads are atomic there, a rename is not).
 """
 
 from __future__ import annotations
@@ -68,7 +71,17 @@ def fsync_dir(folder: str | os.PathLike) -> None:
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write `data` to `path` atomically (temp file in the same folder, fsync, chmod to the
     umask's normal mode, os.replace, fsync the folder). On any error the temp file is
-    removed and `path` is unchanged."""
+    removed and `path` is unchanged. An object-store URI (gs://...): one object write
+    (dblast_jax.io.paths)."""
+    from dblast_jax.io import paths
+    if not paths.is_local(path):
+        paths.atomic_write_bytes(path, data)
+        return
+    local_atomic_write_bytes(path, data)
+
+
+def local_atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """atomic_write_bytes for a local path (the temp file + rename protocol above)."""
     path = os.fspath(path)
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)

@@ -10,6 +10,9 @@ under the `dblast.` key prefix, with a `dblast_config` entry in config.json; a K
 drafter with a token mask writes neither, so public DFlash loaders take it unchanged.
 Conversions are transposes and dtype casts only, so a round trip at the checkpoint's
 dtype is bit-exact.
+
+The folder may be an object-store URI (`gs://bucket/export`, dblast_jax.io.paths): it is
+then read through epath and written object by object (see `export_drafter`).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import ml_dtypes
 import numpy as np
 
 from dblast_jax.config import DrafterConfig, TargetConfig, default_target_layer_ids
+from dblast_jax.io import paths
 from dblast_jax.io.atomic import default_file_mode, fsync_dir
 from dblast_jax.io.safetensors_io import SafetensorsReader, checkpoint_files
 from dblast_jax.models import drafter as drafter_lib
@@ -113,16 +117,20 @@ def _set(tree, path, value):
 # ---- config ---------------------------------------------------------------------------
 
 def _read_config(folder: str) -> dict:
-    path = os.path.join(folder, "config.json")
-    if os.path.isfile(folder):
+    folder = os.fspath(folder)
+    path = paths.join(folder, "config.json")
+    if paths.isfile(folder):
         raise ValueError(f"drafter path {folder!r} is a file; pass the folder that holds "
                          "config.json and the .safetensors")
-    if not os.path.isdir(folder):
+    if not paths.isdir(folder):
         raise FileNotFoundError(f"drafter folder {folder!r} does not exist")
-    if not os.path.isfile(path):
+    if not paths.isfile(path):
         raise ValueError(f"{folder!r} is not a DFlash checkpoint: no config.json")
-    with open(path) as f:
-        cfg = json.load(f)
+    if paths.is_local(path):
+        with open(path) as f:
+            cfg = json.load(f)
+    else:
+        cfg = json.loads(paths.read_text(path))
     archs = cfg.get("architectures") or []
     if "DFlashDraftModel" not in archs and "dflash_config" not in cfg:
         raise ValueError(f"{folder!r} is not a DFlash checkpoint: config.json has "
@@ -278,7 +286,7 @@ def load_dflash(folder: str, target_config: TargetConfig, dtype=jnp.float32, *,
     expected key must be present with the expected shape; unexpected keys warn.
     """
     cfg = _read_config(folder)
-    source = os.path.join(folder, "config.json")
+    source = paths.join(os.fspath(folder), "config.json")
     config = drafter_config_from_dflash(cfg, target_config, source=source)
     if block_size is not None and block_size != config.block_size:
         raise ValueError(f"{folder!r} is a block-size-{config.block_size} drafter, but block "
@@ -338,8 +346,7 @@ def is_export_file(name: str) -> bool:
 
 def _is_drafter_config(path: str) -> bool:
     try:
-        with open(path) as f:
-            cfg = json.load(f)
+        cfg = json.loads(paths.read_text(path))
     except (OSError, ValueError):
         return False
     if not isinstance(cfg, dict):
@@ -441,6 +448,76 @@ def _move_into(tmp: str, folder: str, written: list[str], stale: list[str]) -> N
         shutil.rmtree(backup, ignore_errors=True)
 
 
+def _classify_remote(folder: str) -> tuple[str, list[str]]:
+    """_classify_destination for an object-store folder (a prefix: "absent" when no
+    object lies under it)."""
+    try:
+        if paths.isfile(folder):
+            raise ExportError(f"cannot export to {folder!r}: it is a file, not a folder")
+        entries = sorted(paths.listdir(folder)) if paths.isdir(folder) else None
+    except OSError as e:
+        raise ExportError(f"cannot export to {folder!r}: cannot list it "
+                          f"({e.strerror or e})", e.errno) from e
+    if entries is None:
+        return "absent", []
+    if not entries:
+        return "empty", entries
+    ours = all(is_export_file(n) and paths.isfile(paths.join(folder, n)) for n in entries)
+    if ours and _is_drafter_config(paths.join(folder, CONFIG_FILE)):
+        return "export", entries
+    return "foreign", entries
+
+
+def _refuse_foreign(folder: str, entries: list[str], planned: list[str]) -> ExportError:
+    foreign = [n for n in entries if not is_export_file(n)]
+    why = (f"files an export does not write ({_brief(foreign)})" if foreign else
+           f"a {CONFIG_FILE} that is not a drafter's")
+    touched = [n for n in planned if n in entries]
+    return ExportError(
+        f"refusing to export to {folder!r}: it is not empty and not a previous drafter "
+        f"export (it holds {why}); export would write {CONFIG_FILE}, {WEIGHTS_FILE}"
+        + (f", replacing the existing {', '.join(touched)}" if touched else "")
+        + "; pass --force (force=True) to replace only those and keep every other file")
+
+
+def _warn_left_weights(folder: str, entries: list[str], written: list[str]) -> None:
+    left = [n for n in entries if n not in written and (n.endswith(".safetensors")
+                                                        or n.endswith(".index.json"))]
+    if left:
+        warnings.warn(f"forced export to {folder!r} kept the folder's other weight files "
+                      f"({_brief(left)}); loading it as a drafter refuses them until they "
+                      "are removed")
+
+
+def _export_to_object_store(tensors: dict[str, np.ndarray], drafter_config: DrafterConfig,
+                            dtype: str, folder: str, force: bool) -> str:
+    """export_drafter to gs://... : the same refusals, then each file one object write
+    (atomic per object; a rename there is a copy + delete, not atomic), the weights first
+    and config.json last, so a folder whose config.json is new has its new weights. An
+    overwrite of a previous export cut short between the two may pair the new weights
+    with the old config.json (the loader checks every shape); rerun the export then."""
+    from safetensors.numpy import save
+    planned = [CONFIG_FILE, WEIGHTS_FILE, *EXPORT_MODELING_FILES]
+    state, entries = _classify_remote(folder)
+    if state == "foreign" and not force:
+        raise _refuse_foreign(folder, entries, planned)
+    weights = save(tensors, metadata={"format": "pt"})
+    text = json.dumps(dflash_config_dict(drafter_config, dtype), indent=2) + "\n"
+    written = [CONFIG_FILE, WEIGHTS_FILE]
+    try:
+        paths.atomic_write_bytes(paths.join(folder, WEIGHTS_FILE), weights)
+        paths.atomic_write_text(paths.join(folder, CONFIG_FILE), text)
+        if state == "export":
+            for n in entries:
+                if is_export_file(n) and n not in written:
+                    paths.as_path(paths.join(folder, n)).unlink(missing_ok=True)
+    except OSError as e:
+        raise ExportError(f"cannot export to {folder!r}: {e.strerror or e}", e.errno) from e
+    if state == "foreign":
+        _warn_left_weights(folder, entries, written)
+    return folder
+
+
 def export_drafter(dparams: Params, drafter_config: DrafterConfig, folder: str,
                    dtype: str = "float32", *, force: bool = False) -> str:
     """Write `dparams` as a DFlash folder (config.json + model.safetensors), atomically.
@@ -456,7 +533,8 @@ def export_drafter(dparams: Params, drafter_config: DrafterConfig, folder: str,
     leaves every other file as it is. Everything is written into a temporary sibling
     folder first, then renamed into place (an absent or empty folder) or moved in file by
     file, so a failure (no space, no permission) leaves the destination unchanged.
-    Non-finite parameters are refused before anything is written.
+    Non-finite parameters are refused before anything is written. A `gs://` folder gets
+    the same refusals, then one object write per file (`_export_to_object_store`).
     """
     if dtype not in ("float32", "bfloat16"):
         raise ValueError(f"export dtype must be 'float32' or 'bfloat16', got {dtype!r}")
@@ -477,20 +555,15 @@ def export_drafter(dparams: Params, drafter_config: DrafterConfig, folder: str,
                               f"(params {'/'.join(map(str, path))}) has {bad} non-finite "
                               f"value(s) (NaN/inf) in {dtype}; nothing was written")
         tensors[key] = _to_torch_layout(cast, layout)
+    if not paths.is_local(folder):
+        return _export_to_object_store(tensors, drafter_config, dtype, paths.normalize(folder),
+                                       force)
     folder = os.path.abspath(os.fspath(folder))
     parent, name = os.path.split(folder)
     planned = [CONFIG_FILE, WEIGHTS_FILE, *EXPORT_MODELING_FILES]
     state, entries = _classify_destination(folder)
     if state == "foreign" and not force:
-        foreign = [n for n in entries if not is_export_file(n)]
-        why = (f"files an export does not write ({_brief(foreign)})" if foreign else
-               f"a {CONFIG_FILE} that is not a drafter's")
-        touched = [n for n in planned if n in entries]
-        raise ExportError(
-            f"refusing to export to {folder!r}: it is not empty and not a previous drafter "
-            f"export (it holds {why}); export would write {CONFIG_FILE}, {WEIGHTS_FILE}"
-            + (f", replacing the existing {', '.join(touched)}" if touched else "")
-            + "; pass --force (force=True) to replace only those and keep every other file")
+        raise _refuse_foreign(folder, entries, planned)
     tmp = None
     try:
         try:
@@ -521,10 +594,5 @@ def export_drafter(dparams: Params, drafter_config: DrafterConfig, folder: str,
         if tmp is not None and os.path.isdir(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
     if state == "foreign":
-        left = [n for n in entries if n not in written and (n.endswith(".safetensors")
-                                                            or n.endswith(".index.json"))]
-        if left:
-            warnings.warn(f"forced export to {folder!r} kept the folder's other weight files "
-                          f"({_brief(left)}); loading it as a drafter refuses them until they "
-                          "are removed")
+        _warn_left_weights(folder, entries, written)
     return folder

@@ -5,6 +5,11 @@
 read until asked for, and a slice reads only the bytes it covers. `write_safetensors`
 writes a dict of numpy arrays as one file or as size-bounded shards with an index.
 Every library error is re-raised as `CheckpointError` naming the file involved.
+
+Folders and files may be object-store URIs (`gs://...`, dblast_jax.io.paths): a remote
+file is read by copying it to a local temporary file first (safetensors' numpy `load`
+of bytes cannot decode bfloat16, and `safe_open` needs a file), and written as one
+object from `safetensors.numpy.save`'s bytes.
 """
 
 from __future__ import annotations
@@ -12,13 +17,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 from safetensors import safe_open
-from safetensors.numpy import save_file
+from safetensors.numpy import save, save_file
 
+from dblast_jax.io import paths
 from dblast_jax.io.atomic import default_file_mode
 
 Index = tuple  # a tuple of slices, one per dimension
@@ -36,6 +43,11 @@ class CheckpointError(ValueError):
 INDEX_SUFFIX = ".safetensors.index.json"
 
 
+def _path(p: str | os.PathLike):
+    """A pathlib.Path for a local path (as before), an etils.epath.Path for gs://..."""
+    return Path(p) if paths.is_local(p) else paths.as_path(p)
+
+
 def checkpoint_files(folder: str | os.PathLike) -> tuple[list[Path], Optional[Path]]:
     """(the safetensors files that make up the checkpoint in `folder`, its index or None).
 
@@ -46,7 +58,7 @@ def checkpoint_files(folder: str | os.PathLike) -> tuple[list[Path], Optional[Pa
     they fit together (read in turn, a later file would silently override an earlier
     one). No safetensors at all: ([], None), for the caller to word.
     """
-    folder = Path(folder)
+    folder = _path(folder)
     names = sorted(p.name for p in folder.iterdir() if p.is_file())
     indexes = [n for n in names if n.endswith(INDEX_SUFFIX)]
     tensors = [n for n in names if n.endswith(".safetensors")]
@@ -79,7 +91,32 @@ def checkpoint_files(folder: str | os.PathLike) -> tuple[list[Path], Optional[Pa
     return [folder / n for n in tensors], None
 
 
+@contextlib.contextmanager
+def _open_remote(path):
+    """safe_open of a local temporary copy of an object-store file (removed on exit)."""
+    try:
+        data = paths.read_bytes(path)
+    except FileNotFoundError as e:
+        raise CheckpointError(f"safetensors file {path} does not exist") from e
+    except OSError as e:
+        raise CheckpointError(f"cannot read safetensors file {path}: {e}") from e
+    with tempfile.TemporaryDirectory(prefix="dblast-safetensors-") as tmp:
+        local = os.path.join(tmp, "copy.safetensors")
+        with open(local, "wb") as f:
+            f.write(data)
+        del data
+        try:
+            handle = safe_open(local, framework="numpy")
+        except Exception as e:
+            raise CheckpointError(f"cannot read safetensors file {path} (corrupt or "
+                                  f"truncated?): {e}") from e
+        with handle:
+            yield handle
+
+
 def _open(path: Path):
+    if not paths.is_local(path):
+        return _open_remote(path)
     try:
         return safe_open(str(path), framework="numpy")
     except FileNotFoundError as e:
@@ -127,7 +164,7 @@ class SafetensorsReader(contextlib.AbstractContextManager):
 
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> "SafetensorsReader":
-        return cls([Path(path)])
+        return cls([_path(path)])
 
     @classmethod
     def from_folder(cls, folder: str | os.PathLike) -> "SafetensorsReader":
@@ -141,7 +178,7 @@ class SafetensorsReader(contextlib.AbstractContextManager):
     @classmethod
     def from_index(cls, index_path: str | os.PathLike) -> "SafetensorsReader":
         """Open the shards named in a `*.safetensors.index.json` (its `weight_map`)."""
-        index_path = Path(index_path)
+        index_path = _path(index_path)
         try:
             weight_map = json.loads(index_path.read_text())["weight_map"]
         except FileNotFoundError as e:
@@ -229,24 +266,32 @@ def write_safetensors(tensors: Mapping[str, np.ndarray], folder: str | os.PathLi
     one shard of `max_shard_bytes`, as `{prefix}-0000i-of-0000n.safetensors` plus
     `{prefix}.safetensors.index.json`. Metadata `format: pt` lets PyTorch loaders accept
     the files. Returns the names of the files written."""
-    folder = Path(folder)
+    folder = _path(folder)
     groups = shard_groups(((k, int(v.nbytes)) for k, v in tensors.items()), max_shard_bytes)
     meta = {"format": "pt"}
     mode = default_file_mode()  # safetensors creates its files 0600; give the umask's mode
+    if paths.is_local(folder):
+        write, chmod = save_file, os.chmod
+    else:  # an object store: each file one object write (no modes there)
+        def write(tensors, path, metadata):
+            paths.atomic_write_bytes(path, save(tensors, metadata=metadata))
+
+        def chmod(path, mode):
+            pass
     if len(groups) == 1:
         name = f"{prefix}.safetensors"
-        save_file({k: np.ascontiguousarray(tensors[k]) for k in groups[0]}, folder / name,
-                  metadata=meta)
-        os.chmod(folder / name, mode)
+        write({k: np.ascontiguousarray(tensors[k]) for k in groups[0]}, folder / name,
+              metadata=meta)
+        chmod(folder / name, mode)
         return [name]
     n = len(groups)
     weight_map: dict[str, str] = {}
     names = []
     for i, group in enumerate(groups, start=1):
         name = f"{prefix}-{i:05d}-of-{n:05d}.safetensors"
-        save_file({k: np.ascontiguousarray(tensors[k]) for k in group}, folder / name,
-                  metadata=meta)
-        os.chmod(folder / name, mode)
+        write({k: np.ascontiguousarray(tensors[k]) for k in group}, folder / name,
+              metadata=meta)
+        chmod(folder / name, mode)
         weight_map.update({k: name for k in group})
         names.append(name)
     index = {"metadata": {"total_size": int(sum(v.nbytes for v in tensors.values()))},

@@ -11,6 +11,10 @@ Workdir layout:
                          checkpoint and a last line cut short; see `read_log_rows`)
     export/              the drafter in DFlash format, written at the end
 
+The workdir may be a `gs://` path (dblast_jax.io.paths): the JSON files are then written
+as single objects, metrics.jsonl is rewritten whole on each flush, and orbax commits a
+step with a commit file instead of a rename; there is no .lock (object stores have none).
+
 Atomicity is orbax's: a step directory is written under a temporary name and renamed
 once every process has finished (multi-process: the primary process commits after a
 barrier), and only the `keep` newest are kept; the temporary folder of a save cut
@@ -22,12 +26,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from typing import Any, Callable, Mapping, Optional
 
 import jax
 import orbax.checkpoint as ocp
 from etils import epath
+
+from dblast_jax.io import paths
 
 IDENTITY_FILE = "experiment.json"
 CONFIG_FILE = "train_config.json"
@@ -64,22 +69,21 @@ def _diff(a: Mapping, b: Mapping, prefix: str = "") -> list[str]:
 
 
 def _read_json(path: str) -> Any:
-    with open(path) as f:
-        return json.load(f)
+    return json.loads(paths.read_text(path))
 
 
 def _checkpoint_steps(ckpt_dir: str) -> list[int]:
-    if not os.path.isdir(ckpt_dir):
+    if not paths.isdir(ckpt_dir):
         return []
-    return sorted(int(n) for n in os.listdir(ckpt_dir) if n.isdigit())
+    return sorted(int(n) for n in paths.listdir(ckpt_dir) if n.isdigit())
 
 
 def check_workdir(workdir: str, identity: Mapping[str, Any]) -> bool:
     """Raise ForeignCheckpointError if `workdir` belongs to another experiment.
     Returns True when it already belongs to this one (a resume), False when fresh."""
-    id_path = os.path.join(workdir, IDENTITY_FILE)
-    ckpt_dir = os.path.join(workdir, CHECKPOINT_DIR)
-    if os.path.exists(id_path):
+    id_path = paths.join(workdir, IDENTITY_FILE)
+    ckpt_dir = paths.join(workdir, CHECKPOINT_DIR)
+    if paths.exists(id_path):
         try:
             theirs = _read_json(id_path)
         except (OSError, json.JSONDecodeError) as e:
@@ -96,10 +100,10 @@ def check_workdir(workdir: str, identity: Mapping[str, Any]) -> bool:
         return True
     steps = _checkpoint_steps(ckpt_dir)
     if steps:
-        item = os.path.join(ckpt_dir, str(steps[-1]), "experiment")
+        item = paths.join(ckpt_dir, str(steps[-1]), "experiment")
         raise ForeignCheckpointError(
             f"workdir {workdir!r} holds checkpoints (steps {steps}) but no {IDENTITY_FILE}; "
-            f"they are not this run's ({'identity item at ' + item if os.path.exists(item) else 'no identity recorded'}). "
+            f"they are not this run's ({'identity item at ' + item if paths.exists(item) else 'no identity recorded'}). "
             "Nothing was overwritten; use another --workdir.")
     return False
 
@@ -111,8 +115,7 @@ def read_log_rows(path: str, log: Optional[Callable[[str], None]] = None
     line that does not parse (a write cut short by a crash or a full disk) is dropped and
     `log` gets one line saying so; a line before it that does not parse is an error
     naming the file and the line."""
-    with open(path, "rb") as f:
-        text = f.read().decode("utf-8", errors="replace")
+    text = paths.read_bytes(path).decode("utf-8", errors="replace")
     lines = text.split("\n")
     while lines and not lines[-1].strip():
         lines.pop()
@@ -140,8 +143,8 @@ def read_log_rows(path: str, log: Optional[Callable[[str], None]] = None
 
 
 def read_train_config(workdir: str) -> Optional[dict[str, Any]]:
-    path = os.path.join(workdir, CONFIG_FILE)
-    return _read_json(path) if os.path.exists(path) else None
+    path = paths.join(workdir, CONFIG_FILE)
+    return _read_json(path) if paths.exists(path) else None
 
 
 def _is_primary() -> bool:
@@ -155,8 +158,7 @@ def _barrier(name: str) -> None:
 
 
 def _atomic_write_json(path: str, obj: Any) -> None:
-    from dblast_jax.io.atomic import atomic_write_json
-    atomic_write_json(path, obj, indent=1, sort_keys=True)
+    paths.atomic_write_json(path, obj, indent=1, sort_keys=True)
 
 
 # ---- per-process data-iterator state as an orbax item ---------------------------------------
@@ -224,30 +226,30 @@ class Checkpointer:
 
     def __init__(self, workdir: str, identity: Mapping[str, Any], *, keep: int,
                  train_config: Optional[Mapping[str, Any]] = None, async_save: bool = True):
-        self.workdir = os.path.abspath(workdir)
+        self.workdir = paths.normalize(workdir)
         self.identity = dict(identity)
         self.resuming = check_workdir(self.workdir, self.identity)
         _barrier("dblast_checkpoint_checked")
         if _is_primary():
-            os.makedirs(self.workdir, exist_ok=True)
+            paths.makedirs(self.workdir)
             if not self.resuming:
-                _atomic_write_json(os.path.join(self.workdir, IDENTITY_FILE), self.identity)
+                _atomic_write_json(paths.join(self.workdir, IDENTITY_FILE), self.identity)
             if train_config is not None:
-                _atomic_write_json(os.path.join(self.workdir, CONFIG_FILE), dict(train_config))
+                _atomic_write_json(paths.join(self.workdir, CONFIG_FILE), dict(train_config))
         _barrier("dblast_checkpoint_identity")
-        self.directory = os.path.join(self.workdir, CHECKPOINT_DIR)
+        self.directory = paths.join(self.workdir, CHECKPOINT_DIR)
         # A save cut short (kill, full disk) leaves <step>.orbax-checkpoint-tmp behind:
         # never a step (latest_step ignores it); removed here so the step can be saved again.
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                                enable_async_checkpointing=async_save,
                                                cleanup_tmp_directories=True)
-        self.manager = ocp.CheckpointManager(self.directory, options=options)
+        self.manager = ocp.CheckpointManager(paths.as_path(self.directory), options=options)
 
     def write_train_config(self, train_config: Mapping[str, Any]) -> None:
         """Record the run's TrainConfig (primary process); the trainer calls this once the
         checkpoint has been restored, so a refused resume rewrites nothing."""
         if _is_primary():
-            _atomic_write_json(os.path.join(self.workdir, CONFIG_FILE), dict(train_config))
+            _atomic_write_json(paths.join(self.workdir, CONFIG_FILE), dict(train_config))
         _barrier("dblast_checkpoint_config")
 
     def latest_step(self) -> Optional[int]:

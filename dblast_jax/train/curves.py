@@ -13,6 +13,8 @@ lines with markers in the same colour.
 from __future__ import annotations
 
 import argparse
+import io
+import os
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -27,11 +29,12 @@ FALLBACK = {"block_nll": "loss"}
 def read_metrics(workdir: str | Path) -> list[dict]:
     """The rows of `workdir/metrics.jsonl` (a cut last line is ignored; a corrupt line
     before it is an error naming the line)."""
+    from dblast_jax.io import paths  # local or gs://
     from dblast_jax.train.checkpoint import read_log_rows
-    path = Path(workdir) / "metrics.jsonl"
-    if not path.exists():
+    path = paths.join(os.fspath(workdir), "metrics.jsonl")
+    if not paths.exists(path):
         raise FileNotFoundError(f"{path} not found: is {workdir} a training workdir?")
-    return read_log_rows(str(path))[0]
+    return read_log_rows(path)[0]
 
 
 def smooth(values: Sequence[float], window: int) -> np.ndarray:
@@ -48,7 +51,7 @@ def smooth(values: Sequence[float], window: int) -> np.ndarray:
 def run_series(workdir: str | Path) -> dict[str, tuple[list, list]]:
     """{panel key: ([(step, training value)], [(step, held-out value)])} of one run."""
     from dblast_jax.train.validation import read_validation
-    rows, held = read_metrics(workdir), read_validation(str(workdir))
+    rows, held = read_metrics(workdir), read_validation(os.fspath(workdir))
     out = {}
     for key, _ in PANELS:
         src = key if any(key in r for r in rows) else FALLBACK.get(key, key)
@@ -82,6 +85,13 @@ def plot_curves(workdirs: Sequence[str | Path], out: str | Path, window: int = 2
             ax.set_xlabel("step")
     axes[0].legend(fontsize=8)
     fig.tight_layout()
+    from dblast_jax.io import paths
+    if not paths.is_local(out):  # gs://...: the PNG rendered in memory, one object write
+        buf = io.BytesIO()
+        fig.savefig(buf, dpi=100, format="png")
+        plt.close(fig)
+        paths.atomic_write_bytes(out, buf.getvalue())
+        return paths.as_path(out)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)

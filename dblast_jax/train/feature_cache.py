@@ -16,6 +16,10 @@ A changed corpus, target, tap set or seq_len gets another subfolder, so features
 never read for records they were not computed from; an interrupted build resumes at
 `done`. Records are those of the source in index order (the trainer's Batcher picks
 indices into the same source).
+
+The cache folder must be local (or a gcsfuse mount): the taps are read through
+`np.load(mmap_mode=...)`, and memory maps need a real file. A `gs://` folder is refused
+(`check_local`); caches are local scratch, rebuilt from the corpus and the target.
 """
 
 from __future__ import annotations
@@ -40,6 +44,16 @@ __all__ = ["FeatureCache", "CachedFeatureSource", "build_feature_cache", "record
 
 FORMAT = "dblast-feature-cache-v1"
 DTYPES = {"float32": np.float32, "bfloat16": np.uint16}  # bf16 bits kept as uint16
+
+
+def check_local(folder: os.PathLike | str) -> None:
+    """ValueError (one line) for an object-store folder: see the module doc."""
+    from dblast_jax.io import paths
+    paths.require_local(
+        folder, "feature_cache",
+        "the taps are memory-mapped (np.load mmap_mode), which needs local files; put the "
+        "cache on a local disk (it is scratch, rebuilt from the corpus and the target), "
+        "e.g. feature_cache=/tmp/dblast_features, while the workdir stays on gs://")
 
 
 def _atomic_json(path: Path, obj: Any) -> None:
@@ -76,6 +90,7 @@ class FeatureCache:
     """A finished cache: `taps(i)` -> [seq_len, n_taps, H] float32 of record i."""
 
     def __init__(self, folder: os.PathLike | str):
+        check_local(folder)
         self.folder = Path(folder)
         meta_path, prog_path = self.folder / "meta.json", self.folder / "progress.json"
         if not meta_path.exists() or not prog_path.exists():
@@ -173,6 +188,7 @@ def build_feature_cache(source: Any, target_config: TargetConfig, target_params:
     teacher_topk > 0 also stores the target's top-k distribution per position at
     teacher_temperature (train/distill.py's convention) from the same pass; `head` is the
     target's (LM head weight, layout)."""
+    check_local(folder)
     if dtype not in DTYPES:
         raise ValueError(f"feature cache dtype {dtype!r}: expected one of {sorted(DTYPES)}")
     try:

@@ -104,6 +104,31 @@ class NullWriter(MetricWriter):
         pass
 
 
+def check_tensorboard_logdir(logdir: str) -> None:
+    """tensorboardX writes event files locally, to gs:// through google-cloud-storage
+    (each flush re-uploads the file as one object) and to s3:// through boto3; any other
+    URI, or gs:// without that package, is refused here, before the first step."""
+    from dblast_jax.io import paths
+    if paths.is_local(logdir):
+        return
+    scheme = logdir.split("://", 1)[0].lower()
+    needs = {"gs": ("google.cloud.storage", "google-cloud-storage"), "s3": ("boto3", "boto3")}
+    if scheme not in needs:
+        raise ValueError(f"TensorBoard event files cannot be written to {logdir!r} "
+                         "(tensorboardX writes local folders, gs:// and s3:// only): use a "
+                         "local or FUSE-mounted workdir, or tensorboard=false")
+    module, package = needs[scheme]
+    import importlib.util
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise ImportError(f"TensorBoard event files to {logdir!r} need {package} "
+                          f"(pip install {package}; tensorboardX uploads with it); or set "
+                          "tensorboard=false, or use a local / gcsfuse-mounted workdir")
+
+
 class TensorBoardWriter(MetricWriter):
     """TensorBoard event files in `logdir` (tensorboardX; created at the first write, so
     a run that logs nothing leaves no file). `purge_step`: TensorBoard hides the events of
@@ -112,16 +137,20 @@ class TensorBoardWriter(MetricWriter):
 
     def __init__(self, logdir: str, *, purge_step: Optional[int] = None,
                  flush_secs: int = 10, primary: Optional[bool] = None):
-        self.logdir = str(logdir)
+        self.logdir = os.fspath(logdir)
         self.purge_step = purge_step
         self.flush_secs = flush_secs
         self.primary = _is_primary(primary)
         self._writer = None
+        if self.primary:
+            check_tensorboard_logdir(self.logdir)
 
     def _summary_writer(self):
         if self._writer is None:
             from tensorboardX import SummaryWriter
-            os.makedirs(self.logdir, exist_ok=True)
+            from dblast_jax.io import paths
+            if paths.is_local(self.logdir):  # gs://: objects, no folders to create
+                os.makedirs(self.logdir, exist_ok=True)
             # tensorboardX names a file by the second it opened ('wb'): a restart within
             # the same second would overwrite the previous file; the nanosecond suffix
             # keeps both, in start order (TensorBoard reads the files sorted by name)
@@ -221,14 +250,19 @@ def make_train_writer(config: Any, workdir: str, *, start_step: int = 0,
     if not primary:
         return NullWriter()
     writers: list[MetricWriter] = []
+    from dblast_jax.io import paths
     if getattr(config, "tensorboard", False):
-        writers.append(TensorBoardWriter(os.path.join(workdir, TENSORBOARD_DIR),
+        writers.append(TensorBoardWriter(paths.join(workdir, TENSORBOARD_DIR),
                                          purge_step=int(start_step) + 1, primary=True))
     project = getattr(config, "wandb_project", "")
     if project:
         writers.append(WandbWriter(project, name=getattr(config, "wandb_run_name", ""),
                                    config=config.to_dict() if hasattr(config, "to_dict")
-                                   else None, dir=workdir, primary=True))
+                                   else None,
+                                   # W&B keeps its run files in a local folder: a gs://
+                                   # workdir leaves them in W&B's default (./wandb)
+                                   dir=workdir if paths.is_local(workdir) else None,
+                                   primary=True))
     if not writers:
         return NullWriter()
     return writers[0] if len(writers) == 1 else FanOutWriter(writers)

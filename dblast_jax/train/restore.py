@@ -16,7 +16,8 @@ into those shardings. Neither the target's weights nor the training data are nee
 While it reads, the workdir is locked like a training's (dblast_jax.workdir_lock): a
 workdir that a training is writing is refused in one line naming it, rather than read
 while orbax may be replacing its steps. A read-only workdir (a copied or mounted run) is
-read without the lock.
+read without the lock. A `gs://` workdir (dblast_jax.io.paths) is read without one too:
+object stores have no file locks.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from dblast_jax import errors
 from dblast_jax import sharding as sharding_lib
 from dblast_jax.config import DrafterConfig
+from dblast_jax.io import paths
 from dblast_jax.models import drafter as drafter_lib
 from dblast_jax.train import checkpoint as ckpt_lib
 from dblast_jax.train.config import TrainConfig
@@ -73,7 +75,7 @@ class RestoredDrafter:
 
 def is_training_workdir(path: str) -> bool:
     """A folder with a train_config.json (what `dblast train --workdir` writes)."""
-    return os.path.isfile(os.path.join(os.fspath(path), ckpt_lib.CONFIG_FILE))
+    return paths.isfile(paths.join(os.fspath(path), ckpt_lib.CONFIG_FILE))
 
 
 def restore_mesh(mesh_shape: Optional[tuple[int, int, int]] = None,
@@ -93,8 +95,8 @@ def restore_mesh(mesh_shape: Optional[tuple[int, int, int]] = None,
 def _drafter_config(workdir: str, config: TrainConfig) -> tuple[DrafterConfig, dict]:
     """(the drafter's shape as the workdir recorded it in experiment.json, named as the
     run; that identity record): the target (and its weights) are not needed."""
-    path = os.path.join(workdir, ckpt_lib.IDENTITY_FILE)
-    if not os.path.isfile(path):
+    path = paths.join(workdir, ckpt_lib.IDENTITY_FILE)
+    if not paths.isfile(path):
         raise ValueError(f"{path}: missing; {workdir} is not a complete training workdir "
                          "(experiment.json records the drafter's shape); restore it from "
                          "a copy of the run")
@@ -170,7 +172,7 @@ def restore_drafter(workdir: str, *, mesh: Optional[Mesh] = None, step: Optional
     training's device count. Raises ValueError (one line) for a workdir without a
     checkpoint or with a corrupt one, ForeignCheckpointError when the checkpoint is not
     the workdir's experiment, FolderLockedError while a training writes there."""
-    workdir = os.path.abspath(os.fspath(workdir))
+    workdir = paths.normalize(workdir)
     log = log if jax.process_index() == 0 else (lambda s: None)
     saved = ckpt_lib.read_train_config(workdir)
     if saved is None:
@@ -190,7 +192,7 @@ def restore_drafter(workdir: str, *, mesh: Optional[Mesh] = None, step: Optional
         lambda a: ocp.ArrayRestoreArgs(sharding=a.sharding, global_shape=a.shape,
                                        dtype=a.dtype), target)
 
-    directory = os.path.join(workdir, ckpt_lib.CHECKPOINT_DIR)
+    directory = paths.join(workdir, ckpt_lib.CHECKPOINT_DIR)
     lock = _take_lock(workdir, log)
     try:
         manager = None
@@ -198,7 +200,7 @@ def restore_drafter(workdir: str, *, mesh: Optional[Mesh] = None, step: Optional
             options = ocp.CheckpointManagerOptions(read_only=True, create=False,
                                                    save_interval_steps=0)
             with _quiet_absl():  # orbax warns "Given directory is read only": intended
-                manager = ocp.CheckpointManager(directory, options=options)
+                manager = ocp.CheckpointManager(paths.as_path(directory), options=options)
         steps = sorted(manager.all_steps()) if manager is not None else []
         if not steps:
             if manager is not None:
@@ -210,7 +212,7 @@ def restore_drafter(workdir: str, *, mesh: Optional[Mesh] = None, step: Optional
             step = steps[-1] if step is None else int(step)
             if step not in steps:
                 raise ValueError(f"{directory} has no step {step}; it holds steps {steps}")
-            where = os.path.join(directory, str(step))
+            where = paths.join(directory, str(step))
             args = ocp.args.Composite(
                 state=ocp.args.PyTreeRestore(item={"params": target},
                                              restore_args={"params": restore_args},

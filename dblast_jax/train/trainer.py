@@ -56,6 +56,7 @@ from dblast_jax.train import warm_start
 from dblast_jax.train.checkpoint import (Checkpointer, check_workdir, experiment_identity,
                                          read_log_rows)
 from dblast_jax.train.config import TrainConfig
+from dblast_jax.io import paths
 from dblast_jax.workdir_lock import FolderLock, FolderLockedError
 
 Array = jax.Array
@@ -329,7 +330,7 @@ def loss_terms(dparams: Params, tparams: Params, batch: Mapping[str, Array], rng
         metrics["al_estimate_mixture"] = jnp.sum(metrics["accept_prefix_mixture"])
 
     # -- per-position top-1 agreement, prior-weighted over branches
-    pi = jax.nn.softmax(lax.stop_gradient(prior_logits), axis=-1)  # [B, A, K]
+    pi = jax.nn.softmax(lax.stop_gradient(prior_logits).astype(jnp.float32), axis=-1)  # [B, A, K]
     hit = (tl.argmax == branch_labels).astype(jnp.float32)  # [B, A, K, P]
     agree = jnp.einsum("bak,bakp->bap", pi, hit)
     m = pos_mask.astype(jnp.float32)
@@ -618,7 +619,7 @@ class Trainer:
         self.target_config, self.drafter_config, self.target_name = tcfg, dcfg, tname
         # Every check (identity, mesh, data) runs before anything is written.
         self.identity = experiment_identity(dcfg, tname, config.loss)
-        self.workdir = os.path.abspath(workdir)
+        self.workdir = paths.normalize(workdir)  # local: absolute; or gs://...
         check_workdir(self.workdir, self.identity)
         self.mesh = mesh if mesh is not None else sharding_lib.make_mesh(*config.mesh)
         self.dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[config.param_dtype]
@@ -695,6 +696,7 @@ class Trainer:
         """Read the frozen target's taps from a cache built once (feature_cache.py)."""
         from dblast_jax.train import feature_cache as fc
         cfg = self.config
+        fc.check_local(cfg.feature_cache)  # memory-mapped: gs:// is refused, in one line
         if not isinstance(self.batcher, batches_lib.Batcher):
             raise ValueError("feature_cache needs a random-access corpus (a corpus folder, "
                              ".jsonl or records), not an iterator")
@@ -797,13 +799,19 @@ class Trainer:
         """Drop metric lines written after the restored checkpoint (they will be redone),
         and a last line cut short by a crash or a full disk (one log line says so). A
         corrupt line before the last is an error naming the file and line."""
-        path = os.path.join(self.workdir, name)
-        if jax.process_index() != 0 or not os.path.exists(path):
+        path = paths.join(self.workdir, name)
+        if jax.process_index() != 0 or not paths.exists(path):
             return
         rows, lines, dropped = read_log_rows(path, log=None if check_only else self.log)
         if check_only:
             return
         keep = [ln for row, ln in zip(rows, lines) if row.get("step", 0) <= step]
+        if not paths.is_local(path):  # an object: rewritten whole, in one write
+            if len(keep) == len(lines) and not dropped and (
+                    not keep or paths.read_bytes(path).endswith(b"\n")):
+                return  # nothing to drop: leave it untouched
+            paths.atomic_write_text(path, "".join(ln + "\n" for ln in keep))
+            return
         if len(keep) == len(lines) and not dropped:
             with open(path, "rb") as f:
                 f.seek(0, os.SEEK_END)
@@ -818,10 +826,14 @@ class Trainer:
         os.replace(tmp, path)
 
     def _append_row(self, path: str, row: Mapping[str, Any], step: int) -> None:
-        """One JSON line appended to a workdir log (primary process)."""
+        """One JSON line appended to a workdir log (primary process). On an object store
+        (gs://) the log is rewritten whole instead (io.paths.append_text)."""
         try:
-            with open(path, "a") as f:
-                f.write(json.dumps(row) + "\n")
+            if paths.is_local(path):
+                with open(path, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+            else:
+                paths.append_text(path, json.dumps(row) + "\n")
         except OSError as e:
             raise self._io_error(f"could not append step {step} to {path}", e) from e
 
@@ -914,7 +926,7 @@ class Trainer:
         end = cfg.num_steps if stop_at is None else min(int(stop_at), cfg.num_steps)
         step = self.start_step
         history: list[dict[str, Any]] = []
-        metrics_path = os.path.join(self.workdir, "metrics.jsonl")
+        metrics_path = paths.join(self.workdir, "metrics.jsonl")
         primary = jax.process_index() == 0
         self._live_metrics()  # opened before the first step: a missing wandb fails here
         bar = None
@@ -948,7 +960,7 @@ class Trainer:
         total = time.perf_counter() - t_start
         export_path = None
         if step >= cfg.num_steps and cfg.export and (stop_at is None or stop_at >= cfg.num_steps):
-            export_path = self.export(os.path.join(self.workdir, "export"))
+            export_path = self.export(paths.join(self.workdir, "export"))
         timed = [h for h in history if "step_time_s" in h]
         timing = {"wall_s": total, "first_step_s": first_step_s or 0.0,
                   "steps": float(step - self.start_step)}
@@ -1024,7 +1036,7 @@ class Trainer:
         m = self.evaluate(self.validation_data, cfg.validation_batches, step=step)
         row = {"step": step, **m, "validation_s": time.perf_counter() - t0}
         if jax.process_index() == 0:
-            self._append_row(os.path.join(self.workdir, validation_lib.VALIDATION_FILE), row,
+            self._append_row(paths.join(self.workdir, validation_lib.VALIDATION_FILE), row,
                              step)
             self._live_metrics().write_scalars(step, row, "heldout")
         text = (f"validation @ {step}: block nll {m.get('block_nll', m['nll']):.3f}, "

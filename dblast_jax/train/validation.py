@@ -182,8 +182,9 @@ def validate_drafters(drafters: Mapping[str, Any], target: Any, data: str, *,
 
 def read_validation(workdir: str) -> list[dict[str, Any]]:
     """The validation rows of a training run (empty when it never validated)."""
-    path = os.path.join(workdir, VALIDATION_FILE)
-    if not os.path.exists(path):
+    from dblast_jax.io import paths  # local or gs://
+    path = paths.join(os.fspath(workdir), VALIDATION_FILE)
+    if not paths.exists(path):
         return []
     from dblast_jax.train.checkpoint import read_log_rows  # a cut last line is skipped
     return read_log_rows(path)[0]
