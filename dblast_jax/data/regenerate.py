@@ -481,6 +481,31 @@ def _regenerate(target, prompts: Sequence[PromptLike], out_dir, cfg: RegenConfig
                 stop_tokens: Optional[Sequence[int]], mesh=None) -> dict:
     folder = Path(out_dir)
     pid, nproc = jax.process_index(), jax.process_count()
+    # Process 0 locks the folder before anything else (a second writer is refused before
+    # it reads or checks a thing); the others hear of a refusal with the resume check below.
+    from dblast_jax.workdir_lock import FolderLock
+    lock, error = None, None
+    if pid == 0:
+        try:
+            lock = FolderLock(str(folder), "regeneration",
+                              log=print if progress else None).acquire()
+        except Exception as e:  # noqa: BLE001 -- the other processes must hear of it too
+            if nproc == 1:
+                raise
+            error = e
+    try:
+        return _regenerate_locked(target, prompts, folder, cfg, error,
+                                  max_shards=max_shards, progress=progress,
+                                  stop_tokens=stop_tokens, mesh=mesh)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _regenerate_locked(target, prompts: Sequence[PromptLike], folder: Path, cfg: RegenConfig,
+                       error: Optional[Exception], *, max_shards: Optional[int], progress: bool,
+                       stop_tokens: Optional[Sequence[int]], mesh=None) -> dict:
+    pid, nproc = jax.process_index(), jax.process_count()
     stops = tuple(int(t) for t in (target.stop_ids if stop_tokens is None else stop_tokens))
     all_items = encode_work(prompts, getattr(target, "tokenizer", None), cfg.system)
     items = [w for w in all_items if len(w.tokens) <= cfg.max_prompt_tokens]
@@ -497,14 +522,11 @@ def _regenerate(target, prompts: Sequence[PromptLike], out_dir, cfg: RegenConfig
     key = _identity_key(identity)
     plans = _plan(len(items), cfg)
 
-    # Process 0: lock, resume check, stray temp files, the manifest of what is done. The
-    # others hear the outcome (and the done shards) before anyone writes a shard.
-    from dblast_jax.workdir_lock import FolderLock
-    lock, error, done = None, None, {}
-    if pid == 0:
+    # Process 0 (holding the lock): resume check, stray temp files, the manifest of what is
+    # done. The others hear the outcome (and the done shards) before anyone writes a shard.
+    done = {}
+    if pid == 0 and error is None:
         try:
-            lock = FolderLock(str(folder), "regeneration",
-                              log=print if progress else None).acquire()
             existing = corpus_io.read_manifest(folder)
             if existing is not None:
                 _check_resume(existing, identity, folder)
@@ -539,16 +561,9 @@ def _regenerate(target, prompts: Sequence[PromptLike], out_dir, cfg: RegenConfig
     else:
         done_indices = set(done)
     if error is not None:
-        if lock is not None:
-            lock.release()
         raise error
-    try:
-        return _generate_shards(target, items, folder, cfg, plans, done_indices, identity,
-                                key, stops, max_shards=max_shards, progress=progress,
-                                mesh=mesh)
-    finally:
-        if lock is not None:
-            lock.release()
+    return _generate_shards(target, items, folder, cfg, plans, done_indices, identity,
+                            key, stops, max_shards=max_shards, progress=progress, mesh=mesh)
 
 
 def _generate_shards(target, items, folder: Path, cfg: RegenConfig, plans, done_indices,
