@@ -189,7 +189,8 @@ def _draft(dparams, tparams, state: SpecState, keys, tcfg, dcfg, sampling: Sampl
         return drafts, proposal
     logits = drafter_lm.branch_logits(tparams, drafter_lm.select_branch(hidden, z), tcfg)
     if sampling.verify_mode == "sampled-branch" and sampled:
-        log_q = jax.nn.log_softmax(logits / sampling.draft_temperature, axis=-1)
+        log_q = jax.nn.log_softmax(logits.astype(jnp.float32) / sampling.draft_temperature,
+                                   axis=-1)
         drafts = jax.random.categorical(k_draft, log_q, axis=-1).astype(jnp.int32)
         return drafts, jnp.exp(log_q)
     drafts = jnp.argmax(logits, axis=-1).astype(jnp.int32)

@@ -68,7 +68,11 @@ def verify_block(rng_accept: Array, rng_residual: Array, target_probs: Array, dr
     drafts: [B, b-1] int32; proposal: [B, b-1, V] float32 Q_1..Q_{b-1} (rows sum to 1,
     and Q_i(d_i) > 0 since d_i was drawn from Q_i).
     Independent keys for the acceptance uniforms and the residual / bonus draw.
+    All of it runs in float32: narrower inputs (bfloat16 probabilities) are upcast first
+    (a no-op for float32 inputs).
     """
+    target_probs = target_probs.astype(jnp.float32)
+    proposal = proposal.astype(jnp.float32)
     b1 = drafts.shape[1]
     p_draft = jnp.take_along_axis(target_probs[:, :b1], drafts[..., None], axis=-1)[..., 0]
     q_draft = jnp.take_along_axis(proposal, drafts[..., None], axis=-1)[..., 0]
@@ -105,9 +109,12 @@ def mixture_proposal(branch_tokens: Array, branch_probs: Array | None, drafts: A
     drafts: [B, n] the drafted tokens; draw_probs: [B, K] the distribution pi' the
     category was actually drawn from (prior at category temperature).
     post(z | d_<i) is proportional to pi'(z) prod_{j<i} q_j(d_j | z).
+    Computed in float32 whatever the input dtype; returns [B, n, V] float32.
     """
     if branch_probs is None:
         branch_probs = jax.nn.one_hot(branch_tokens, vocab_size, dtype=jnp.float32)
+    branch_probs = branch_probs.astype(jnp.float32)
+    draw_probs = draw_probs.astype(jnp.float32)
     q_at_draft = jnp.take_along_axis(
         branch_probs, jnp.broadcast_to(drafts[:, None, :, None], branch_probs.shape[:3] + (1,)),
         axis=-1)[..., 0]  # [B, K, n]
