@@ -133,3 +133,68 @@ def cache_shardings(cache: Any, mesh: Mesh) -> Any:
 def batch_sharding(mesh: Mesh, shape: Sequence[int]) -> NamedSharding:
     """Rows on the data axis (replicated if the batch does not divide)."""
     return NamedSharding(mesh, fit_spec(BATCH_SPEC, shape, mesh))
+
+
+# ---- training: replicated values, batch rows, optimizer state, host values ------------------
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    """Every device holds the whole array."""
+    return NamedSharding(mesh, P())
+
+
+def data_fsdp_batch_spec(shape: tuple[int, ...], mesh: Mesh) -> P:
+    """Rows over (data, fsdp) when they divide, else data, else replicated: the training
+    batch's layout (`batch_sharding` splits rows on data only, and only where data > 1)."""
+    for axes in (("data", "fsdp"), ("data",)):
+        size = int(np.prod([mesh.shape[a] for a in axes]))
+        if shape[0] % size == 0:
+            return P(axes if len(axes) > 1 else axes[0])
+    return P()
+
+
+def opt_state_shardings(abstract_opt: Any, param_specs: Any, mesh: Mesh) -> Any:
+    """Optimizer leaves that mirror a parameter (Adam's mu / nu) take its spec; scalars
+    (counts) and anything else are replicated."""
+    flat = {}
+    for path, spec in jax.tree_util.tree_flatten_with_path(
+            param_specs, is_leaf=lambda x: isinstance(x, P))[0]:
+        flat[tuple(getattr(k, "key", k) for k in path)] = spec
+
+    def one(path, leaf):
+        keys = []
+        for k in reversed(path):
+            if isinstance(k, jax.tree_util.DictKey):
+                keys.append(k.key)
+            else:
+                break
+        spec = flat.get(tuple(reversed(keys)))
+        if spec is not None and len(spec) <= len(leaf.shape):
+            return NamedSharding(mesh, spec)
+        return replicated(mesh)
+
+    return jax.tree_util.tree_map_with_path(one, abstract_opt)
+
+
+def host_value_to_global(x: Any, sharding: NamedSharding) -> jax.Array:
+    """Host value (the same on every process) -> global array with `sharding`."""
+    arr = np.asarray(x)
+    return jax.make_array_from_callback(arr.shape, sharding, lambda idx: arr[idx])
+
+
+def process_row_range(sharding: NamedSharding, global_shape: tuple[int, ...]
+                      ) -> tuple[int, int]:
+    """The contiguous row range of a batch that this process's devices hold."""
+    idx = sharding.addressable_devices_indices_map(global_shape)
+    starts, stops = [], []
+    for sl in idx.values():
+        s = sl[0] if sl else slice(None)
+        starts.append(0 if s.start is None else s.start)
+        stops.append(global_shape[0] if s.stop is None else s.stop)
+    lo, hi = min(starts), max(stops)
+    covered = set()
+    for a, b in zip(starts, stops):
+        covered.update(range(a, b))
+    if covered != set(range(lo, hi)):
+        raise ValueError(f"this process's batch rows are not contiguous ({sorted(covered)}); "
+                         "order the mesh devices by process")
+    return lo, hi

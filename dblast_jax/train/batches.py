@@ -1,4 +1,4 @@
-"""From token sequences to training batches: records, sources, batchers, anchors.
+"""From token sequences to training batches: records, sources, batchers.
 
 A *record* is one training sequence:
     tokens     [L] int   the text (prompt + the target's own response)
@@ -11,9 +11,9 @@ A plain list of ints is a record whose every token is "response".
 Batches are fixed-shape numpy dicts (tokens [B, T], loss_mask [B, T], lengths [B], and
 logp [B, T] when every record has it), right-padded with token 0 and mask False; longer
 records are truncated to T. Anchors are sampled later, on device, from the step RNG
-(`sample_anchors`): an anchor a is eligible when loss_mask[a] (a response token — at
-inference the anchor is always a token the target produced) and a + b <= length (its
-whole block lies inside the sequence). Block slot i = 1..b-1 is labelled tokens[a + i]
+(`objective.sample_anchors`): an anchor a is eligible when loss_mask[a] (a response
+token — at inference the anchor is always a token the target produced) and a + b <=
+length (its whole block lies inside the sequence). Block slot i = 1..b-1 is labelled tokens[a + i]
 and scored where loss_mask[a + i].
 
 Determinism and multi-host: a `Batcher` reads a random-access source in a seeded
@@ -29,12 +29,12 @@ import math
 import os
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
-Array = jax.Array
+# moved to objective; re-exported for existing imports
+from dblast_jax.train.objective import (  # noqa: F401
+    block_labels, eligible_anchor_mask, gather_block, sample_anchors)
+
 Record = dict[str, Any]
 
 __all__ = [
@@ -498,54 +498,3 @@ class IteratorBatcher:
                 self._consumed += 1
         else:
             raise ValueError(f"unknown data state {dict(state)}")
-
-
-# ---- anchors and blocks (jittable) --------------------------------------------------------
-
-def eligible_anchor_mask(loss_mask: Array, lengths: Array, block_size: int) -> Array:
-    """[B, T] bool: response token with a whole block inside the sequence (a + b <= len)."""
-    t = loss_mask.shape[1]
-    pos = jnp.arange(t, dtype=jnp.int32)[None, :]
-    return loss_mask.astype(bool) & (pos + block_size <= lengths[:, None])
-
-
-def sample_anchors(rng: Array, loss_mask: Array, lengths: Array, *, block_size: int,
-                   num_anchors: int) -> tuple[Array, Array]:
-    """Up to `num_anchors` distinct eligible anchors per row, uniformly without replacement
-    (Gumbel top-k), deterministic in `rng`. Returns (anchors [B, A] int32, valid [B, A]
-    bool); rows with fewer eligible positions get invalid anchors (position 0) at the end."""
-    b, t = loss_mask.shape
-    elig = eligible_anchor_mask(loss_mask, lengths, block_size)
-    scores = jnp.where(elig, jax.random.gumbel(rng, (b, t), jnp.float32), -jnp.inf)
-    k = min(num_anchors, t)
-    vals, idx = lax.top_k(scores, k)
-    valid = vals > -jnp.inf
-    anchors = jnp.where(valid, idx, 0).astype(jnp.int32)
-    if k < num_anchors:
-        pad = num_anchors - k
-        anchors = jnp.pad(anchors, ((0, 0), (0, pad)))
-        valid = jnp.pad(valid, ((0, 0), (0, pad)))
-    return anchors, valid
-
-
-def gather_block(x: Array, anchors: Array, block_size: int) -> Array:
-    """x [B, T, ...] -> x[b, anchors[b, j] + i] for i = 1..block_size-1: [B, A, b-1, ...]
-    (indices clipped to T - 1; mask the result)."""
-    b, t = x.shape[:2]
-    idx = anchors[:, :, None] + jnp.arange(1, block_size, dtype=jnp.int32)[None, None, :]
-    idx = jnp.clip(idx, 0, t - 1).reshape(b, -1)
-    idx = idx.reshape(idx.shape + (1,) * (x.ndim - 2))
-    out = jnp.take_along_axis(x, idx, axis=1)
-    return out.reshape((b, anchors.shape[1], block_size - 1) + x.shape[2:])
-
-
-def block_labels(tokens: Array, loss_mask: Array, lengths: Array, anchors: Array,
-                 anchor_valid: Array, block_size: int) -> tuple[Array, Array]:
-    """Labels tokens[a + i] [B, A, b-1] and their mask (valid anchor, response token,
-    inside the sequence)."""
-    labels = gather_block(tokens, anchors, block_size)
-    in_seq = (anchors[:, :, None] + jnp.arange(1, block_size, dtype=jnp.int32)
-              < lengths[:, None, None])
-    mask = anchor_valid[:, :, None] & in_seq & gather_block(loss_mask.astype(bool), anchors,
-                                                            block_size)
-    return jnp.where(mask, labels, 0), mask

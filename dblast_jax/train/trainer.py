@@ -1,11 +1,13 @@
 """The drafter trainer: one jitted, sharded step; checkpointed, resumable, multi-host.
 
-Read top to bottom: `loss_terms` is the objective on one batch, `make_train_step` wraps
-it in gradients + optax, `Trainer` owns the loop (data, mesh, checkpoints, metrics).
+Read in order: `objective.loss_terms` is the objective on one batch,
+`step.make_train_step` wraps it in gradients + optax (`step` also holds the jit and
+compile caches), and `Trainer` here owns the loop (data, mesh, checkpoints, metrics,
+export).
 
 The step, for a batch of B sequences of T tokens (right-padded) and A anchors each:
   1. anchors: A distinct eligible positions per row drawn from fold_in(rng, step)
-     (`batches.sample_anchors`: response tokens whose whole block fits);
+     (`objective.sample_anchors`: response tokens whose whole block fits);
   2. the frozen target (stop_gradient; it has no optimizer state) runs once over the
      sequences and gives the drafter's feature taps and, when the loss or the AL metrics
      need them and the batch does not carry them, the log-probs of the data tokens at
@@ -28,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import functools
 import json
 import os
 import time
@@ -37,19 +38,12 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
-from flax import struct
-from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from dblast_jax import losses
 from dblast_jax import sharding as sharding_lib
-from dblast_jax.chunked_logits import token_logprobs
 from dblast_jax.config import DrafterConfig, TargetConfig
 from dblast_jax.models import drafter as drafter_lib
-from dblast_jax.models import target as target_lib
 from dblast_jax.train import batches as batches_lib
-from dblast_jax.train import distill
 from dblast_jax.train import metric_writers
 from dblast_jax.train import validation as validation_lib
 from dblast_jax.train import warm_start
@@ -59,6 +53,18 @@ from dblast_jax.train.config import TrainConfig
 from dblast_jax.io import paths
 from dblast_jax.workdir_lock import FolderLock, FolderLockedError
 
+# moved to objective/step; re-exported for existing imports
+from dblast_jax.train.objective import (  # noqa: F401
+    lam_at, loss_terms, mixture_conditional_logq, target_features, target_features_and_teacher,
+    target_head, tau_at)
+from dblast_jax.train.step import (  # noqa: F401
+    COUNT_METRICS, FINITE_KEY, HashableShardings, TrainState, compiled_eval_step,
+    compiled_train_step, lr_schedule, make_optimizer, make_train_step, step_cache_key,
+    step_memory_analysis)
+
+_step_cache_key = step_cache_key  # the old private names, for existing imports
+_compiled_eval = compiled_eval_step
+
 Array = jax.Array
 Params = dict[str, Any]
 
@@ -66,9 +72,6 @@ __all__ = ["TrainState", "TrainResult", "make_optimizer", "lr_schedule", "loss_t
            "make_train_step", "target_features", "mixture_conditional_logq", "Trainer", "train",
            "target_head", "resolve_target", "step_memory_analysis", "NonFiniteError",
            "TrainingIOError", "check_data_for_target"]
-
-COUNT_METRICS = ("valid_anchors", "tokens", "label_tokens")
-FINITE_KEY = "finite_step"  # per-step flag of the train step; not a logged metric
 
 
 class NonFiniteError(FloatingPointError, ValueError):
@@ -82,439 +85,6 @@ class TrainingIOError(OSError):
     def __init__(self, message: str, errno_: Optional[int] = None):
         super().__init__(message)
         self.errno = errno_
-
-
-@struct.dataclass
-class TrainState:
-    step: Array  # int32 []
-    params: Params  # drafter parameters
-    opt_state: Any
-    rng: Array  # uint32 [2]; the step's randomness is fold_in(rng, step)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "params": self.params, "opt_state": self.opt_state,
-                "rng": self.rng}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "TrainState":
-        return cls(step=d["step"], params=d["params"], opt_state=d["opt_state"], rng=d["rng"])
-
-
-# ---- optimiser ------------------------------------------------------------------------------
-
-def lr_schedule(config: TrainConfig) -> optax.Schedule:
-    """Linear warmup 0 -> lr over warmup_fraction of the run, cosine to lr * end_lr_fraction."""
-    lr, warm = config.learning_rate, config.warmup_steps
-    decay = max(config.num_steps - warm, 1)
-    cosine = optax.cosine_decay_schedule(lr, decay, alpha=config.end_lr_fraction)
-    if warm <= 0:
-        return cosine
-    return optax.join_schedules([optax.linear_schedule(0.0, lr, warm), cosine], [warm])
-
-
-def _decay_mask(params: Params) -> Params:
-    return jax.tree.map(lambda x: x.ndim >= 2, params)
-
-
-def make_optimizer(config: TrainConfig) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """Global-norm clipping then AdamW (weight decay on matrices only)."""
-    schedule = lr_schedule(config)
-    parts = []
-    if config.grad_clip > 0:
-        parts.append(optax.clip_by_global_norm(config.grad_clip))
-    parts.append(optax.adamw(schedule, b1=config.adam_b1, b2=config.adam_b2,
-                             weight_decay=config.weight_decay, mask=_decay_mask))
-    return optax.chain(*parts), schedule
-
-
-def lam_at(config: TrainConfig, step) -> Array:
-    if not config.uses_al:
-        return jnp.float32(0.0)
-    n = config.num_steps
-    return losses.linear_warmup_schedule(
-        step, end_value=config.lam, warmup_steps=int(round(config.lam_warmup_fraction * n)),
-        delay_steps=int(round(config.lam_delay_fraction * n)))
-
-
-def tau_at(config: TrainConfig, step) -> Array:
-    return losses.tau_schedule(
-        step, start_value=config.tau_start, end_value=config.tau_end,
-        transition_steps=int(round(config.tau_transition_fraction * config.num_steps)),
-        delay_steps=int(round(config.lam_delay_fraction * config.num_steps)))
-
-
-# ---- the objective on one batch ----------------------------------------------------------------
-
-def target_head(tparams: Params, target_config: TargetConfig) -> tuple[Array, str]:
-    """(weight, layout) of the target's LM head for `token_logprobs`."""
-    if target_config.tie_word_embeddings:
-        return tparams["embed"]["embedding"], "vh"
-    return tparams["lm_head"]["kernel"], "hv"
-
-
-def _tap_plan(dcfg: DrafterConfig, tcfg: TargetConfig, need_final: bool
-              ) -> tuple[tuple[int, ...], Optional[int]]:
-    """Target layers to tap, and the index of the final (post-norm) hidden state among them
-    (the target taps its last layer after the final norm, like HF's last hidden state)."""
-    ids = tuple(dcfg.target_layer_ids)
-    if not need_final:
-        return ids, None
-    last = tcfg.num_layers - 1
-    if last in ids:
-        return ids, ids.index(last)
-    return ids + (last,), len(ids)
-
-
-def target_features(tparams: Params, tokens: Array, *, drafter_config: DrafterConfig,
-                    target_config: TargetConfig, logp_temperature: Optional[float] = None,
-                    chunk_size: int = 8192, row_chunk_size: Optional[int] = None
-                    ) -> tuple[Array, Optional[Array]]:
-    """One frozen target pass over tokens [B, T] -> (drafter taps [B, T, n_taps, H],
-    logp [B, T] or None). logp[t] = log p(tokens[t] | tokens[<t]) at `logp_temperature`
-    (logp[:, 0] = 0), from the tapped final hidden state through the LM head by
-    vocabulary chunks; the target's own [B, T, V] logits are never used (XLA drops them)."""
-    taps, logp, _ = target_features_and_teacher(
-        tparams, tokens, drafter_config=drafter_config, target_config=target_config,
-        logp_temperature=logp_temperature, chunk_size=chunk_size,
-        row_chunk_size=row_chunk_size)
-    return taps, logp
-
-
-def target_features_and_teacher(tparams: Params, tokens: Array, *,
-                                drafter_config: DrafterConfig, target_config: TargetConfig,
-                                logp_temperature: Optional[float] = None,
-                                chunk_size: int = 8192, row_chunk_size: Optional[int] = None,
-                                teacher_topk: int = 0, teacher_temperature: float = 1.0
-                                ) -> tuple[Array, Optional[Array], Optional[distill.Teacher]]:
-    """`target_features` plus, when teacher_topk > 0, the target's top-k distribution at
-    `teacher_temperature` per position (distill.Teacher [B, T, k]) from the same pass."""
-    tparams = lax.stop_gradient(tparams)
-    need = logp_temperature is not None
-    tap_layers, final_idx = _tap_plan(drafter_config, target_config, need or teacher_topk > 0)
-    _, taps = target_lib.forward(tparams, tokens, config=target_config, tap_layers=tap_layers)
-    taps = lax.stop_gradient(taps)
-    logp = teacher = None
-    head, layout = target_head(tparams, target_config)
-    if need:
-        final = taps[:, :, final_idx]
-        nxt = token_logprobs(final[:, :-1], head, layout, tokens[:, 1:], logp_temperature,
-                             chunk_size, row_chunk_size=row_chunk_size).logprob
-        logp = lax.stop_gradient(jnp.pad(nxt, ((0, 0), (1, 0))))
-    if teacher_topk > 0:
-        teacher = distill.teacher_from_final(taps[:, :, final_idx], head, layout, teacher_topk,
-                                             teacher_temperature, chunk_size)
-    return taps[:, :, :len(drafter_config.target_layer_ids)], logp, teacher
-
-
-def _dtype_of_tree(params: Params):
-    return jax.tree.leaves(params)[0].dtype
-
-
-def mixture_conditional_logq(logq: Array, prior_logits: Array, mask: Array) -> Array:
-    """log Q_i(x*_i | x*_<i) [B, A, P] of the whole mixture, Q = sum_z pi_z prod_i q_{z,i}:
-    the posterior over z given the prefix, times each branch's q (the proposal of
-    `mixture` verification with sampled branches). K = 1: equals logq[:, :, 0]."""
-    lq = jnp.where(mask[:, :, None, :], logq, 0.0)  # masked slots leave the posterior alone
-    log_pi = jax.nn.log_softmax(prior_logits.astype(lq.dtype), axis=-1)
-    joint = log_pi[..., None] + jnp.cumsum(lq, axis=-1)  # [B, A, K, P]: log pi_z q_z(x_<=i)
-    prev = jnp.concatenate([log_pi[..., None], joint[..., :-1]], axis=-1)
-    cur_l = losses.safe_logsumexp(joint, axis=2)
-    prev_l = losses.safe_logsumexp(prev, axis=2)
-    return jnp.where(jnp.isfinite(prev_l), cur_l - jnp.where(jnp.isfinite(prev_l), prev_l, 0.0),
-                     -jnp.inf)
-
-
-def loss_terms(dparams: Params, tparams: Params, batch: Mapping[str, Array], rng: Array,
-               step: Array, *, config: TrainConfig, drafter_config: DrafterConfig,
-               target_config: TargetConfig, logp_mode: Optional[str]
-               ) -> tuple[Array, dict[str, Array]]:
-    """(loss, metrics) of one (micro-)batch. logp_mode: "data" (batch["logp"]), "target"
-    (from the frozen target at T_v), or None (no target log-probs: NLL losses only)."""
-    cfg, dcfg, tcfg = config, drafter_config, target_config
-    b = dcfg.block_size
-    tokens = batch["tokens"]
-    loss_mask, lengths = batch["loss_mask"], batch["lengths"]
-    anchors, anchor_valid = batches_lib.sample_anchors(
-        rng, loss_mask, lengths, block_size=b, num_anchors=cfg.anchors_per_sequence)
-    labels, pos_mask = batches_lib.block_labels(tokens, loss_mask, lengths, anchors,
-                                                anchor_valid, b)
-
-    # -- the frozen target: features (and log-probs of the data at T_v)
-    tparams = lax.stop_gradient(tparams)
-    head, layout = target_head(tparams, tcfg)
-    teacher = None
-    if "taps" in batch:  # cached features (feature_cache): the target pass was done once
-        if logp_mode == "target":
-            raise ValueError("cached features hold the drafter's taps only; target log-probs "
-                             "must come with the data (logp_source 'data' / 'auto')")
-        drafter_taps, logp_tok = batch["taps"].astype(_dtype_of_tree(tparams)), None
-        if cfg.distill_weight > 0:
-            if "teacher_ids" not in batch:
-                raise ValueError("distill_weight > 0 with a feature cache built without the "
-                                 "teacher's top-k: rebuild it (the cache key includes "
-                                 "distill_topk)")
-            teacher = distill.Teacher(batch["teacher_ids"], batch["teacher_logp"])
-    else:
-        drafter_taps, logp_tok, teacher = target_features_and_teacher(
-            tparams, tokens, drafter_config=dcfg, target_config=tcfg,
-            logp_temperature=cfg.verify_temperature if logp_mode == "target" else None,
-            chunk_size=cfg.logits_chunk_size,
-            row_chunk_size=cfg.logits_row_chunk_size or None,
-            teacher_topk=cfg.distill_topk if cfg.distill_weight > 0 else 0,
-            teacher_temperature=cfg.verify_temperature)
-    if logp_mode == "data":
-        logp_tok = batch["logp"].astype(jnp.float32)
-
-    # -- the drafter: branch log-probs of the labels, chunked over the vocabulary
-    branch_hidden, prior_logits = drafter_lib.train_hidden(
-        dparams, tparams, drafter_taps, tokens, anchors, drafter_config=dcfg,
-        target_config=tcfg)
-    k = dcfg.num_categories
-    branch_labels = jnp.broadcast_to(labels[:, :, None, :], labels.shape[:2] + (k,)
-                                     + labels.shape[2:])
-    tl = token_logprobs(branch_hidden, head, layout, branch_labels, 1.0,
-                        cfg.logits_chunk_size,
-                        row_chunk_size=cfg.logits_row_chunk_size or None)
-    logq = tl.logprob  # [B, A, K, P]
-
-    # -- the objective
-    n_pos = b - 1
-    gamma = cfg.gamma if cfg.gamma > 0 else None
-    decay = losses.dflash_position_weights(n_pos, gamma)
-    logp_block = (batches_lib.gather_block(logp_tok, anchors, b)
-                  if logp_tok is not None else None)
-    if cfg.loss == "nll+al":
-        if logp_block is None:
-            raise ValueError("loss 'nll+al' needs target log-probs (logp_mode None)")
-        weights = decay if cfg.nll_position_decay else None
-        loss, metrics = losses.combined_loss(logq, prior_logits, logp_block, pos_mask,
-                                             lam=lam_at(cfg, step), tau=tau_at(cfg, step),
-                                             position_weights=weights)
-    else:
-        weights = decay if (cfg.loss == "dflash" or cfg.nll_position_decay) else None
-        loss, metrics = losses.combined_loss(logq, prior_logits, None, pos_mask,
-                                             position_weights=weights)
-        if logp_block is not None:  # AL metrics only, no gradient
-            sg = lax.stop_gradient
-            per = losses.al_estimate(sg(logq), sg(prior_logits), logp_block, pos_mask)
-            al = losses.masked_anchor_mean(per, jnp.any(pos_mask, axis=-1))
-            metrics["al_estimate"] = al
-            metrics["predicted_tau"] = losses.predicted_tau(al)
-    if teacher is not None:  # distillation from the target's top-k distribution
-        ids_blk = batches_lib.gather_block(teacher.ids, anchors, b)  # [B, A, P, k]
-        tlogp_blk = batches_lib.gather_block(teacher.logp.astype(jnp.float32), anchors, b)
-        logq_ids = distill.student_logq_at(branch_hidden, head, layout, ids_blk,
-                                           branch_labels, logq)
-        dweights = decay if (cfg.loss == "dflash" or cfg.nll_position_decay) else None
-        ce, kl = losses.topk_distill_per_anchor(logq_ids, tlogp_blk, logq, prior_logits,
-                                                pos_mask, dweights)
-        valid_anchor = jnp.any(pos_mask, axis=-1)
-        metrics["distill_ce"] = losses.masked_anchor_mean(ce, valid_anchor)
-        metrics["distill_kl"] = losses.masked_anchor_mean(kl, valid_anchor)
-        loss = loss + cfg.distill_weight * metrics["distill_ce"]
-        metrics["loss"] = loss
-    if logp_block is not None:
-        # The AL of `sampled-mixture` verification (Q = the mixture's own conditionals):
-        # where K > 1 can beat the best single product proposal. al_estimate above is `sampled-branch`,
-        # which is linear in pi, so no mixture beats its best branch there.
-        sg = lax.stop_gradient
-        log_q_mix = mixture_conditional_logq(sg(logq), sg(prior_logits), pos_mask)
-        # P(first k drafts accepted), k = 1..P, averaged over valid anchors: where along
-        # the block acceptance is lost (sums to al_estimate / al_estimate_mixture)
-        anchor_w = jnp.any(pos_mask, axis=-1).astype(jnp.float32)[..., None]
-        n_anchor = jnp.maximum(jnp.sum(anchor_w), 1.0)
-        for key, lq, prior in (("accept_prefix", sg(logq), sg(prior_logits)),
-                               ("accept_prefix_mixture", log_q_mix[:, :, None, :], None)):
-            acc = losses.prefix_acceptance(lq, prior, logp_block, pos_mask)
-            metrics[key] = jnp.sum(acc.astype(jnp.float32) * anchor_w, axis=(0, 1)) / n_anchor
-        metrics["al_estimate_mixture"] = jnp.sum(metrics["accept_prefix_mixture"])
-
-    # -- per-position top-1 agreement, prior-weighted over branches
-    pi = jax.nn.softmax(lax.stop_gradient(prior_logits).astype(jnp.float32), axis=-1)  # [B, A, K]
-    hit = (tl.argmax == branch_labels).astype(jnp.float32)  # [B, A, K, P]
-    agree = jnp.einsum("bak,bakp->bap", pi, hit)
-    m = pos_mask.astype(jnp.float32)
-    per_pos = jnp.sum(agree * m, axis=(0, 1)) / jnp.maximum(jnp.sum(m, axis=(0, 1)), 1.0)
-    metrics["top1"] = per_pos
-    metrics["top1_mean"] = jnp.sum(agree * m) / jnp.maximum(jnp.sum(m), 1.0)
-
-    # -- the latent prior: does the mixture use its branches (entropy, mean weight of each)?
-    valid = jnp.any(pos_mask, axis=-1).astype(jnp.float32)  # [B, A]
-    n_valid = jnp.maximum(jnp.sum(valid), 1.0)
-    log_pi = jax.nn.log_softmax(lax.stop_gradient(prior_logits).astype(jnp.float32), axis=-1)
-    entropy = -jnp.sum(jnp.exp(log_pi) * log_pi, axis=-1)  # [B, A]
-    metrics["prior_entropy"] = jnp.sum(entropy * valid) / n_valid
-    metrics["branch_usage"] = jnp.einsum("bak,ba->k", pi.astype(jnp.float32), valid) / n_valid
-    metrics["tokens"] = jnp.sum(lengths).astype(jnp.int32)
-    metrics["label_tokens"] = jnp.sum(pos_mask).astype(jnp.int32)
-    return loss, metrics
-
-
-# ---- the step ---------------------------------------------------------------------------------
-
-def _split_micro(batch: Mapping[str, Array], n: int) -> dict[str, Array]:
-    """[B, ...] -> [n, B / n, ...] taking rows m, m + n, m + 2n, .. for micro-batch m, so a
-    data-sharded batch stays sharded (each device's rows split evenly)."""
-    def one(x):
-        return jnp.swapaxes(x.reshape((x.shape[0] // n, n) + x.shape[1:]), 0, 1)
-    return {k: one(v) for k, v in batch.items()}
-
-
-def make_train_step(config: TrainConfig, drafter_config: DrafterConfig,
-                    target_config: TargetConfig, logp_mode: Optional[str]
-                    ) -> Callable[[TrainState, Params, Mapping[str, Array]],
-                                  tuple[TrainState, dict[str, Array]]]:
-    """The pure (un-jitted) step: (state, tparams, batch) -> (state, metrics)."""
-    tx, schedule = make_optimizer(config)
-    n_micro = config.grad_accum_steps
-    fn = functools.partial(loss_terms, config=config, drafter_config=drafter_config,
-                           target_config=target_config, logp_mode=logp_mode)
-    grad_fn = jax.value_and_grad(fn, has_aux=True)
-
-    def step_fn(state: TrainState, tparams: Params, batch: Mapping[str, Array]):
-        step_rng = jax.random.fold_in(state.rng, state.step)
-        if n_micro == 1:
-            (_, metrics), grads = grad_fn(state.params, tparams, batch, step_rng, state.step)
-        else:
-            micro = _split_micro(batch, n_micro)
-
-            def body(acc, xs):
-                mb, i = xs
-                (_, m), g = grad_fn(state.params, tparams, mb, jax.random.fold_in(step_rng, i),
-                                    state.step)
-                return jax.tree.map(jnp.add, acc, g), m
-
-            zeros = jax.tree.map(jnp.zeros_like, state.params)
-            grads, ms = lax.scan(body, zeros, (micro, jnp.arange(n_micro)))
-            grads = jax.tree.map(lambda g: g / n_micro, grads)
-            metrics = {k: (jnp.sum(v, axis=0) if k in COUNT_METRICS else jnp.mean(v, axis=0))
-                       for k, v in ms.items()}
-        grad_norm = optax.tree.norm(grads)
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        metrics = dict(metrics)
-        # A non-finite loss, gradient or update is never applied: the state keeps its
-        # last finite parameters and optimizer moments (the host decides, per
-        # `nonfinite_policy`, whether the run stops or skips the step).
-        finite = (jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
-                  & jnp.isfinite(optax.tree.norm(updates)))
-        keep = lambda new_leaf, old_leaf: jnp.where(finite, new_leaf, old_leaf)
-        params = jax.tree.map(keep, params, state.params)
-        opt_state = jax.tree.map(keep, opt_state, state.opt_state)
-        metrics["lr"] = jnp.asarray(schedule(state.step), jnp.float32)
-        metrics["grad_norm"] = grad_norm
-        metrics[FINITE_KEY] = finite
-        new = TrainState(step=state.step + 1, params=params, opt_state=opt_state, rng=state.rng)
-        return new, metrics
-
-    return step_fn
-
-
-# ---- sharding ---------------------------------------------------------------------------------
-
-def _replicated(mesh: Mesh) -> NamedSharding:
-    return NamedSharding(mesh, P())
-
-
-def _batch_spec(shape: tuple[int, ...], mesh: Mesh) -> P:
-    """Rows over (data, fsdp) when they divide, else data, else replicated."""
-    for axes in (("data", "fsdp"), ("data",)):
-        size = int(np.prod([mesh.shape[a] for a in axes]))
-        if shape[0] % size == 0:
-            return P(axes if len(axes) > 1 else axes[0])
-    return P()
-
-
-def _opt_state_shardings(abstract_opt: Any, param_specs: Params, mesh: Mesh) -> Any:
-    """Optimizer leaves that mirror a parameter (Adam's mu / nu) take its spec; scalars
-    (counts) and anything else are replicated."""
-    flat = {}
-    for path, spec in jax.tree_util.tree_flatten_with_path(
-            param_specs, is_leaf=lambda x: isinstance(x, P))[0]:
-        flat[tuple(getattr(k, "key", k) for k in path)] = spec
-
-    def one(path, leaf):
-        keys = []
-        for k in reversed(path):
-            if isinstance(k, jax.tree_util.DictKey):
-                keys.append(k.key)
-            else:
-                break
-        spec = flat.get(tuple(reversed(keys)))
-        if spec is not None and len(spec) <= len(leaf.shape):
-            return NamedSharding(mesh, spec)
-        return _replicated(mesh)
-
-    return jax.tree_util.tree_map_with_path(one, abstract_opt)
-
-
-def _put(x: Any, sharding: NamedSharding) -> Array:
-    """Host value (the same on every process) -> global array with `sharding`."""
-    arr = np.asarray(x)
-    return jax.make_array_from_callback(arr.shape, sharding, lambda idx: arr[idx])
-
-
-def _local_rows(sharding: NamedSharding, global_shape: tuple[int, ...]) -> tuple[int, int]:
-    """The contiguous row range of a batch that this process's devices hold."""
-    idx = sharding.addressable_devices_indices_map(global_shape)
-    starts, stops = [], []
-    for sl in idx.values():
-        s = sl[0] if sl else slice(None)
-        starts.append(0 if s.start is None else s.start)
-        stops.append(global_shape[0] if s.stop is None else s.stop)
-    lo, hi = min(starts), max(stops)
-    covered = set()
-    for a, b in zip(starts, stops):
-        covered.update(range(a, b))
-    if covered != set(range(lo, hi)):
-        raise ValueError(f"this process's batch rows are not contiguous ({sorted(covered)}); "
-                         "order the mesh devices by process")
-    return lo, hi
-
-
-@functools.lru_cache(maxsize=32)
-def _compiled_step(config: TrainConfig, drafter_config: DrafterConfig,
-                   target_config: TargetConfig, logp_mode: Optional[str], mesh: Mesh,
-                   shardings: "_Hashable"):
-    """jit(step) with explicit in/out shardings (state, target params, batch); cached so
-    repeated runs in one process (resume, tests) reuse the compiled executable."""
-    step_fn = make_train_step(config, drafter_config, target_config, logp_mode)
-    state_sh, tparams_sh, batch_sh = shardings.value
-    return jax.jit(step_fn, in_shardings=(state_sh, tparams_sh, batch_sh),
-                   out_shardings=(state_sh, _replicated(mesh)), donate_argnums=(0,))
-
-
-@functools.lru_cache(maxsize=32)
-def _compiled_eval(config: TrainConfig, drafter_config: DrafterConfig,
-                   target_config: TargetConfig, logp_mode: Optional[str], mesh: Mesh):
-    fn = functools.partial(loss_terms, config=config, drafter_config=drafter_config,
-                           target_config=target_config, logp_mode=logp_mode)
-    return jax.jit(lambda p, t, b, r, s: fn(p, t, b, r, s)[1], out_shardings=_replicated(mesh))
-
-
-class _Hashable:
-    """A pytree of shardings as a cache key (NamedShardings hash; dicts do not)."""
-
-    def __init__(self, value):
-        self.value = value
-        leaves, treedef = jax.tree.flatten(value)
-        self._key = (treedef, tuple(leaves))
-
-    def __hash__(self):
-        return hash(self._key)
-
-    def __eq__(self, other):
-        return isinstance(other, _Hashable) and self._key == other._key
-
-
-def _step_cache_key(config: TrainConfig) -> TrainConfig:
-    """Fields that do not change the step function are normalised away."""
-    return config.replace(name="", data="", target="", checkpoint_every=1, keep_checkpoints=1,
-                          log_every=1, export=False, seed=0, validate_every=0,
-                          validation_data="", validation_shards="", validation_batches=1,
-                          feature_cache="", feature_cache_dtype="float32",
-                          nonfinite_policy="error", max_skipped_steps=0, tensorboard=True,
-                          wandb_project="", wandb_run_name="")
 
 
 # ---- targets and data ---------------------------------------------------------------------------
@@ -623,8 +193,9 @@ class Trainer:
         check_workdir(self.workdir, self.identity)
         self.mesh = mesh if mesh is not None else sharding_lib.make_mesh(*config.mesh)
         self.dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[config.param_dtype]
-        self.rows = _local_rows(self.batch_row_sharding((config.batch_size, config.seq_len)),
-                                (config.batch_size, config.seq_len))
+        batch_shape = (config.batch_size, config.seq_len)
+        self.rows = sharding_lib.process_row_range(self.batch_row_sharding(batch_shape),
+                                                   batch_shape)
         self.batcher = _make_batcher(data, config, tcfg, self.rows)
         self._check_data(getattr(self.batcher, "source", None), tparams,
                          getattr(self.batcher, "with_logp", None), "training data")
@@ -646,7 +217,8 @@ class Trainer:
             record = dict(config.to_dict(), target=config.target or tname)
             self.ckpt = Checkpointer(self.workdir, self.identity, keep=config.keep_checkpoints,
                                      async_save=async_checkpoints)
-            self.tparams = jax.tree.map(lambda x, s: _put(x, s), tparams, self.tparams_sh)
+            self.tparams = jax.tree.map(sharding_lib.host_value_to_global, tparams,
+                                        self.tparams_sh)
             self.skipped_steps = 0
             self.state = self._init_or_restore()
             self.ckpt.write_train_config(record)
@@ -733,7 +305,7 @@ class Trainer:
             cfg, tcfg, data=cfg.validation_data or train_data)
 
     def batch_row_sharding(self, shape: tuple[int, ...]) -> NamedSharding:
-        return NamedSharding(self.mesh, _batch_spec(shape, self.mesh))
+        return NamedSharding(self.mesh, sharding_lib.data_fsdp_batch_spec(shape, self.mesh))
 
     def _setup_shardings(self, tparams: Params) -> None:
         mesh, cfg = self.mesh, self.config
@@ -744,9 +316,9 @@ class Trainer:
                                 is_leaf=lambda x: isinstance(x, P))
         self.tx, self.schedule = make_optimizer(cfg)
         abstract_opt = jax.eval_shape(self.tx.init, abstract)
-        opt_sh = _opt_state_shardings(abstract_opt, self.param_specs, mesh)
-        self.state_sh = TrainState(step=_replicated(mesh), params=param_sh, opt_state=opt_sh,
-                                   rng=_replicated(mesh))
+        opt_sh = sharding_lib.opt_state_shardings(abstract_opt, self.param_specs, mesh)
+        self.state_sh = TrainState(step=sharding_lib.replicated(mesh), params=param_sh,
+                                   opt_state=opt_sh, rng=sharding_lib.replicated(mesh))
         self.tparams_sh = sharding_lib.named_shardings(tparams, mesh)
 
     def _fresh_state(self) -> TrainState:
@@ -756,11 +328,12 @@ class Trainer:
         if cfg.drafter_init == "target":
             host = warm_start.warm_start_from_target(host, self.tparams, self.drafter_config,
                                                      self.target_config)
-        params = jax.tree.map(lambda x, s: _put(x, s), host, self.state_sh.params)
+        put = sharding_lib.host_value_to_global
+        params = jax.tree.map(put, host, self.state_sh.params)
         opt_state = jax.jit(self.tx.init, out_shardings=self.state_sh.opt_state)(params)
-        return TrainState(step=_put(np.int32(0), self.state_sh.step), params=params,
+        return TrainState(step=put(np.int32(0), self.state_sh.step), params=params,
                           opt_state=opt_state,
-                          rng=_put(np.asarray(jax.random.PRNGKey(cfg.seed)), self.state_sh.rng))
+                          rng=put(np.asarray(jax.random.PRNGKey(cfg.seed)), self.state_sh.rng))
 
     def _abstract_state(self) -> dict[str, Any]:
         abstract = drafter_lib.abstract_drafter_params(self.drafter_config, self.target_config,
@@ -914,9 +487,9 @@ class Trainer:
 
     def _step_fn(self, mode: Optional[str], batch: Mapping[str, Array]):
         batch_sh = {k: v.sharding for k, v in batch.items()}
-        key = _Hashable((self.state_sh, self.tparams_sh, batch_sh))
-        return _compiled_step(_step_cache_key(self.config), self.drafter_config,
-                              self.target_config, mode, self.mesh, key)
+        key = HashableShardings((self.state_sh, self.tparams_sh, batch_sh))
+        return compiled_train_step(step_cache_key(self.config), self.drafter_config,
+                                   self.target_config, mode, self.mesh, key)
 
     # -- the loop
     def run(self, stop_at: Optional[int] = None) -> TrainResult:
@@ -1062,8 +635,8 @@ class Trainer:
         def run_batch(local, rng):
             mode = "data" if ("logp" in local and cfg.logp_source != "target") else "target"
             batch = self.global_batch(local, mode)
-            fn = _compiled_eval(_step_cache_key(cfg), self.drafter_config,
-                                self.target_config, mode, self.mesh)
+            fn = compiled_eval_step(step_cache_key(cfg), self.drafter_config,
+                                    self.target_config, mode, self.mesh)
             return fn(self.state.params, self.tparams, batch, rng, jnp.int32(step))
 
         return validation_lib.mean_metrics(batcher, num_batches, run_batch, seed)
@@ -1149,32 +722,3 @@ def train(config: TrainConfig, workdir: str, *, target: Any = None, data: Any = 
     finally:
         trainer.close()
 
-
-# ---- measurement ----------------------------------------------------------------------------
-
-def step_memory_analysis(config: TrainConfig, target_config: TargetConfig,
-                         drafter_config: Optional[DrafterConfig] = None) -> dict[str, int]:
-    """Compile one single-device train step for abstract inputs (nothing is allocated or
-    run) and return XLA's memory analysis in bytes: temp (activations and scratch: what
-    vocabulary chunking bounds), argument, output, and their sum. Compare
-    logits_chunk_size = vocab (one chunk: the [rows, V] logits exist, as naive code
-    would hold them) with a small chunk to see the saving."""
-    dcfg = drafter_config or config.drafter_config(target_config)
-    dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[config.param_dtype]
-    mode = "target" if (config.uses_al or config.track_al) else None
-    step_fn = make_train_step(config, dcfg, target_config, mode)
-    tx, _ = make_optimizer(config)
-    dparams = drafter_lib.abstract_drafter_params(dcfg, target_config, dtype)
-    state = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=dparams,
-                       opt_state=jax.eval_shape(tx.init, dparams),
-                       rng=jax.ShapeDtypeStruct((2,), jnp.uint32))
-    tparams = target_lib.abstract_params(target_config, dtype)
-    b, t = config.batch_size, config.seq_len
-    batch = {"tokens": jax.ShapeDtypeStruct((b, t), jnp.int32),
-             "loss_mask": jax.ShapeDtypeStruct((b, t), jnp.bool_),
-             "lengths": jax.ShapeDtypeStruct((b,), jnp.int32)}
-    compiled = jax.jit(step_fn).lower(state, tparams, batch).compile()
-    m = compiled.memory_analysis()
-    out = {k: int(getattr(m, f"{k}_size_in_bytes")) for k in ("temp", "argument", "output")}
-    out["total"] = out["temp"] + out["argument"] + out["output"]
-    return out
