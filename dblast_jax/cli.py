@@ -7,6 +7,7 @@
     dblast data fetch | regenerate | stats    # benchmarks, training corpora, corpus report
     dblast train --experiment NAME --workdir DIR; dblast export DIR --out FOLDER
     dblast eval --drafter base=DIR --drafter k4=DIR --baseline base
+    dblast validate --drafter k4=DIR --data CORPUS --shards 16:20   # held-out expected AL
     dblast demo                               # the whole pipeline, ~11 min on a laptop CPU
 
 An expected failure (a missing or malformed file, an unknown name, a bad value) prints one
@@ -80,6 +81,30 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=probability, default=1.0, help="1.0 disables")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
+
+
+def _add_cluster_args(p: argparse.ArgumentParser, share: str) -> None:
+    """The flags of a run over several processes (one per host), as `dblast data
+    regenerate` / launch/train.py take them."""
+    g = p.add_argument_group(f"several processes (one per host; {share})")
+    g.add_argument("--coordinator-address", help="host:port of process 0; env "
+                   "JAX_COORDINATOR_ADDRESS")
+    g.add_argument("--num-processes", type=int, help="env JAX_NUM_PROCESSES")
+    g.add_argument("--process-id", type=int, help="env JAX_PROCESS_ID")
+    g.add_argument("--auto-distributed", action="store_true",
+                   help="jax.distributed.initialize() with cluster detection (TPU pods, SLURM)")
+    g.add_argument("--cpu-collectives", default="gloo", help=argparse.SUPPRESS)
+
+
+def _initialize(args) -> int:
+    """Start this process's part of a multi-process run (a no-op for one); returns this
+    process's index."""
+    import jax
+
+    from dblast_jax.distributed import initialize
+    initialize(args.coordinator_address, args.num_processes, args.process_id,
+               auto=args.auto_distributed, cpu_collectives=args.cpu_collectives)
+    return jax.process_index()
 
 
 def _cmd_fetch(args) -> int:
@@ -180,11 +205,13 @@ def _cmd_export(args) -> int:
 def _cmd_eval(args) -> int:
     import jax.numpy as jnp
 
+    from dblast_jax.distributed import local_mesh
     from dblast_jax.evaluate import run_evaluation, table_markdown
-    from dblast_jax.generation import load_target, named_drafters, on_mesh, parse_mesh
+    from dblast_jax.generation import load_target, named_drafters, on_mesh
 
     _check_baseline(args)
-    mesh = parse_mesh(args.mesh)
+    pid = _initialize(args)
+    mesh = local_mesh(args.mesh)  # this process's devices: each decodes its own units
     target = load_target(args.model)
     drafters = {name: on_mesh(d, mesh)
                 for name, d in named_drafters(args.drafter, target, jnp.float32).items()}
@@ -193,7 +220,9 @@ def _cmd_eval(args) -> int:
         target, drafters, benchmarks=args.benchmarks, temperatures=args.temperatures,
         prompts_per_benchmark=args.prompts_per_benchmark, max_new_tokens=args.max_new_tokens,
         out_dir=args.out, baseline=args.baseline, seed=args.seed, verify_mode=args.verify_mode,
-        batch_size=args.batch_size)
+        batch_size=args.batch_size, progress=not args.no_progress)
+    if pid != 0:  # process 0 merged the rows and wrote the results
+        return 0
     print(table_markdown(results["tables"]["tau"]))
     print(f"results, tables and plots in {args.out}")
     return 0
@@ -210,18 +239,22 @@ def _cmd_validate(args) -> int:
                                              validation_table)
 
     _check_baseline(args)
+    pid = _initialize(args)
     target = load_target(args.model)
     drafters = named_drafters(args.drafter, target, jnp.float32)
     results = validate_drafters(
         drafters, target, args.data, shards=args.shards, num_batches=args.batches,
         batch_size=args.batch_size, seq_len=args.seq_len,
         anchors_per_sequence=args.anchors, verify_temperature=args.verify_temperature,
-        seed=args.seed, baseline=args.baseline)
+        seed=args.seed, baseline=args.baseline, progress=not args.no_progress)
+    if pid != 0:  # every process holds the same numbers; process 0 reports them
+        return 0
     table = validation_table(results, args.baseline)
     print(table)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
-        record = {"settings": {k: v for k, v in vars(args).items() if k != "func"},
+        record = {"settings": {k: v for k, v in vars(args).items()
+                               if k not in _NOT_SETTINGS},
                   "results": results}
         with open(os.path.join(args.out, "validation.json"), "w") as f:
             json.dump(record, f, indent=1)
@@ -230,6 +263,11 @@ def _cmd_validate(args) -> int:
         plot_prefix_acceptance(results, os.path.join(args.out, "prefix_acceptance.png"))
         print(f"written to {args.out}/validation.json, validation.md, prefix_acceptance.png")
     return 0
+
+
+# arguments that do not change the numbers (how the run was spread over processes)
+_NOT_SETTINGS = ("func", "coordinator_address", "num_processes", "process_id",
+                 "auto_distributed", "cpu_collectives", "no_progress")
 
 
 def _cmd_demo(args) -> int:
@@ -323,8 +361,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="eval_out", type=folder, help="resumable output folder")
     p.add_argument("--mesh", default=None, metavar="DATA,FSDP,TENSOR",
-                   help="decode on a device mesh (e.g. 2,2,2 or -1,1,1): prompts split over "
-                   "data, weights over fsdp / tensor; same tokens as one device")
+                   help="decode on a mesh of this process's devices (e.g. 2,2,2 or -1,1,1): "
+                   "prompts split over data, weights over fsdp / tensor; same tokens as one "
+                   "device")
+    p.add_argument("--no-progress", action="store_true")
+    _add_cluster_args(p, "the units of work are shared out, --out must be one shared "
+                      "folder")
     p.set_defaults(func=_cmd_eval)
 
     p = sub.add_parser("validate", help="held-out expected acceptance of drafters (exact "
@@ -347,6 +389,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", help="drafter NAME the gains are relative to")
     p.add_argument("--seed", type=int, default=1234, help="anchor seed")
     p.add_argument("--out", type=folder, help="folder for validation.json / validation.md")
+    p.add_argument("--no-progress", action="store_true")
+    _add_cluster_args(p, "the batches are shared out; process 0 writes --out")
     p.set_defaults(func=_cmd_validate)
 
     p = sub.add_parser("demo", help="the whole pipeline on an embedded default (~11 min "

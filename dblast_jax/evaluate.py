@@ -9,7 +9,8 @@ Two layers:
 * `run_evaluation`, which produces the rows with `generate` / `speculative_generate`,
   appends each to `rows.jsonl` as soon as it finishes (so a rerun skips finished work)
   and writes results.json / .csv / .md, PNG plots and the same numbers as TensorBoard
-  scalars (`write_scalar_summary`, out_dir/tensorboard) at the end.
+  scalars (`write_scalar_summary`, out_dir/tensorboard) at the end. Several processes
+  (one per host) share the units of work out; see `run_evaluation`.
 
 Pooling convention: a cell's tau is total emitted tokens per step over all its steps,
 sum_steps (accepted + 1) / n_steps, i.e. prompts are weighted by their number of steps
@@ -426,8 +427,10 @@ def _overrides(drafter) -> dict:
     return dict(getattr(drafter, "sampling_overrides", None) or {})
 
 
-def _read_rows(path: Path) -> list[dict]:
-    """Finished rows; a last line cut by an interrupted run is dropped (its unit is redone)."""
+def _read_rows(path: Path, repair: bool = True) -> list[dict]:
+    """Finished rows; a last line cut by an interrupted run is dropped (its unit is redone).
+    repair: also fix the file so that the next append starts on a fresh line (only the
+    file's one writer may: False reads another process's file as it is)."""
     if not path.exists():
         return []
     text = path.read_text()
@@ -442,7 +445,7 @@ def _read_rows(path: Path) -> list[dict]:
             if n != len(lines):
                 raise ValueError(f"{path}: line {n} is not valid JSON (only the last line "
                                  "may be cut by an interrupted run)") from None
-    if text and not text.endswith("\n"):
+    if repair and text and not text.endswith("\n"):
         # the next append must start on a fresh line: drop a cut line, end a whole one
         whole = bool(lines[-1].strip()) and rows and _parses(lines[-1])
         path.write_text(text + "\n" if whole else text[:text.rfind("\n") + 1])
@@ -457,14 +460,96 @@ def _parses(line: str) -> bool:
         return False
 
 
-def run_evaluation(target, drafters: Mapping[str, Any], **kw) -> dict:
+ROWS_FILE = "rows.jsonl"
+_PROCESS_ROWS = "rows.process-{:05d}.jsonl"  # process i's rows during a multi-process run
+_PROCESS_ROWS_GLOB = "rows.process-*.jsonl"
+
+
+def _unit_key(row: Mapping[str, Any]) -> tuple:
+    return (row["benchmark"], temperature_key(row["temperature"]), row["method"],
+            tuple(row["prompt_ids"]))
+
+
+def _merge_rows(out: Path) -> list[dict]:
+    """(Process 0, while no other process writes) the rows of rows.jsonl and of the
+    per-process files a multi-process run leaves (`rows.process-NNNNN.jsonl`), each unit
+    once, in rows.jsonl (written atomically); the per-process files are then removed. A
+    crash in between leaves rows that the next merge drops as duplicates."""
+    from dblast_jax.io.atomic import atomic_write_text
+    main = out / ROWS_FILE
+    rows = _read_rows(main)
+    parts = sorted(out.glob(_PROCESS_ROWS_GLOB))
+    if not parts:
+        return rows
+    seen = {_unit_key(r) for r in rows}
+    for part in parts:
+        for row in _read_rows(part, repair=False):  # a cut last line: its unit is redone
+            if _unit_key(row) not in seen:
+                seen.add(_unit_key(row))
+                rows.append(row)
+    atomic_write_text(main, "".join(json.dumps(r) + "\n" for r in rows))
+    for part in parts:
+        part.unlink(missing_ok=True)
+    return rows
+
+
+def _barrier(name: str) -> None:
+    import jax
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices(name)
+
+
+def _agree(error: Optional[Exception], out: Path) -> Optional[Exception]:
+    """(Every process, > 1) process 0's set-up outcome, and a check that every process
+    sees the folder it set up (the output folder must be one shared folder)."""
+    from jax.experimental import multihost_utils
+    ok = np.asarray(multihost_utils.broadcast_one_to_all(np.int32(error is None)))
+    if not int(ok) and error is None:
+        error = ValueError(f"process 0 refused the evaluation into {out} (its output says why)")
+    if error is None:
+        seen = np.asarray(multihost_utils.process_allgather(
+            np.int32((out / "run_config.json").is_file()))).reshape(-1)
+        if not seen.all():
+            blind = [int(i) for i in np.flatnonzero(seen == 0)]
+            error = ValueError(
+                f"processes {blind} do not see {out / 'run_config.json'}, which process 0 "
+                "just wrote: with several processes --out must be one shared folder (NFS, "
+                "Filestore, a gcsfuse bucket) at the same path on every host")
+    return error
+
+
+def run_evaluation(target, drafters: Mapping[str, Any], **kw) -> Optional[dict]:
     """Evaluate `drafters` against plain decoding of `target`; resumable (see
     `_run_evaluation` for the arguments). One run writes an `out_dir` at a time
-    (`out_dir/.lock`; a second is refused, naming the first)."""
+    (`out_dir/.lock`, held by process 0; a second run is refused, naming the first).
+
+    With `jax.process_count() > 1` every process calls this with the same arguments (and
+    the same `out_dir`, one folder shared by all hosts): the unfinished units are dealt
+    round-robin, each process decodes its own on its own devices (no cross-process
+    traffic while decoding) and appends them to its own `rows.process-NNNNN.jsonl`;
+    after a barrier process 0 merges them into rows.jsonl and writes the tables, plots
+    and TensorBoard summary, and returns the results; the other processes return None.
+    The tables equal a 1-process run's apart from the timing numbers (speedup,
+    tokens_per_s, seconds): a unit's sampling seed depends on the unit alone."""
+    import jax
+
     from dblast_jax.workdir_lock import FolderLock
-    with FolderLock(str(kw.get("out_dir", "eval_out")), "evaluation",
-                    log=print if kw.get("progress", True) else None):
-        return _run_evaluation(target, drafters, **kw)
+    pid, nproc = jax.process_index(), jax.process_count()
+    lock, error = None, None
+    if pid == 0:
+        try:
+            lock = FolderLock(str(kw.get("out_dir", "eval_out")), "evaluation",
+                              log=print if kw.get("progress", True) else None).acquire()
+        except Exception as e:  # noqa: BLE001 -- the other processes must hear of it too
+            if nproc == 1:
+                raise
+            error = e
+    try:
+        return _run_evaluation(target, drafters, _setup_error=error, **kw)
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def _run_evaluation(target, drafters: Mapping[str, Any], *,
@@ -482,7 +567,8 @@ def _run_evaluation(target, drafters: Mapping[str, Any], *,
                    prompt_sets: Optional[Mapping[str, Sequence[Any]]] = None,
                    warmup: bool = True,
                    plots: bool = True,
-                   tensorboard: bool = True) -> dict:
+                   tensorboard: bool = True,
+                   _setup_error: Optional[Exception] = None) -> Optional[dict]:
     """Evaluate `drafters` against plain decoding of `target`; resumable.
 
     For each benchmark and temperature: plain `generate` once (the speed reference), then
@@ -502,10 +588,12 @@ def _run_evaluation(target, drafters: Mapping[str, Any], *,
     `tensorboard` also writes the tables' numbers to out_dir/tensorboard
     (`write_scalar_summary`). Returns the results.json object (meta, cells, tables).
     """
+    import jax
     from tqdm.auto import tqdm
 
     from dblast_jax.config import SamplingConfig
 
+    pid, nproc = jax.process_index(), jax.process_count()
     if PLAIN in drafters:
         raise ValueError(f"{PLAIN!r} names the plain-decoding rows; rename that drafter")
     if baseline is not None and baseline not in drafters:
@@ -513,7 +601,6 @@ def _run_evaluation(target, drafters: Mapping[str, Any], *,
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
 
     if prompt_sets is not None:
         sets = {name: _items_from_set(items, prompts_per_benchmark)
@@ -526,61 +613,102 @@ def _run_evaluation(target, drafters: Mapping[str, Any], *,
             "max_new_tokens": max_new_tokens, "verify_mode": verify_mode,
             "batch_size": batch_size}
     method_settings = {name: _overrides(d) for name, d in drafters.items()}
-    meta_path = out / "run_config.json"
-    if meta_path.exists():
-        old = json.loads(meta_path.read_text())
-        diff = {k: (old.get(k), v) for k, v in meta.items() if old.get(k) != v}
-        old_methods = old.get("method_settings", {})
-        diff.update({f"method {n}": (old_methods[n], v) for n, v in method_settings.items()
-                     if n in old_methods and old_methods[n] != v})
-        if diff:
-            raise ValueError(f"{out} holds rows from a run with other settings "
-                             f"(setting: (old, new)) {diff}; use another out_dir")
-        method_settings = {**old_methods, **method_settings}
-    meta_path.write_text(json.dumps(dict(meta, method_settings=method_settings), indent=1,
-                                    sort_keys=True))
+    # Process 0 (holding the lock) checks and records the settings and merges the rows
+    # of earlier runs; the others hear the outcome before anyone decodes.
+    error = _setup_error
+    if pid == 0 and error is None:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            meta_path = out / "run_config.json"
+            if meta_path.exists():
+                old = json.loads(meta_path.read_text())
+                diff = {k: (old.get(k), v) for k, v in meta.items() if old.get(k) != v}
+                old_methods = old.get("method_settings", {})
+                diff.update({f"method {n}": (old_methods[n], v)
+                             for n, v in method_settings.items()
+                             if n in old_methods and old_methods[n] != v})
+                if diff:
+                    raise ValueError(f"{out} holds rows from a run with other settings "
+                                     f"(setting: (old, new)) {diff}; use another out_dir")
+                method_settings = {**old_methods, **method_settings}
+            meta_path.write_text(json.dumps(dict(meta, method_settings=method_settings),
+                                            indent=1, sort_keys=True))
+            _merge_rows(out)
+        except Exception as e:  # noqa: BLE001 -- the other processes must hear of it too
+            if nproc == 1:
+                raise
+            error = e
+    if nproc > 1:
+        error = _agree(error, out)
+    if error is not None:
+        raise error
 
-    rows_path = out / "rows.jsonl"
-    rows = _read_rows(rows_path)
-    done = {(r["benchmark"], temperature_key(r["temperature"]), r["method"], pid)
-            for r in rows for pid in r["prompt_ids"]}
+    rows_path = out / ROWS_FILE
+    rows = _read_rows(rows_path, repair=False)  # merged and whole: process 0 just wrote it
+    done = {(r["benchmark"], temperature_key(r["temperature"]), r["method"], pid_)
+            for r in rows for pid_ in r["prompt_ids"]}
     methods: list[tuple[str, Any]] = [(PLAIN, None)] + list(drafters.items())
 
-    total = sum(len(items) for items in sets.values()) * len(temps) * len(methods)
-    bar = tqdm(total=total, disable=not progress, desc="eval", unit="prompt")
-    bar.update(sum(1 for b, items in sets.items() for t in temps for m, _ in methods
-                   for pid, _ in items if (b, temperature_key(t), m, pid) in done))
-    with rows_path.open("a") as sink:
-        for bench, items in sets.items():
-            for temp in temps:
-                sampling = SamplingConfig(temperature=temp, max_new_tokens=max_new_tokens,
-                                          verify_mode=verify_mode)
-                for method, drafter in methods:
-                    method_sampling = sampling.replace(**_overrides(drafter))
-                    todo = [(pid, it) for pid, it in items
-                            if (bench, temperature_key(temp), method, pid) not in done]
-                    for start in range(0, len(todo), batch_size):
-                        batch = todo[start:start + batch_size]
-                        ids = [pid for pid, _ in batch]
-                        bar.set_postfix_str(f"{bench} T={temp} {method}")
-                        unit = _run_unit(target, drafter, [it for _, it in batch],
-                                         method_sampling,
-                                         _seed_for(seed, bench, temp, ids), warmup)
-                        row = {"benchmark": bench, "temperature": temp, "method": method,
-                               "prompt_ids": ids, **unit}
-                        sink.write(json.dumps(row) + "\n")
-                        sink.flush()
-                        rows.append(row)
-                        done.update((bench, temperature_key(temp), method, pid) for pid in ids)
-                        bar.update(len(ids))
+    # the units of work still to do, in a fixed order; process i takes units i, i + n, ...
+    units = []
+    for bench, items in sets.items():
+        for temp in temps:
+            for method, drafter in methods:
+                todo = [(p, it) for p, it in items
+                        if (bench, temperature_key(temp), method, p) not in done]
+                units += [(bench, temp, method, drafter, todo[start:start + batch_size])
+                          for start in range(0, len(todo), batch_size)]
+    mine = units[pid::nproc]
+    if nproc == 1:  # the whole selection, finished prompts included
+        total = sum(len(items) for items in sets.values()) * len(temps) * len(methods)
+        initial = total - sum(len(u[-1]) for u in units)
+        sink_path = rows_path
+    else:  # this process's share of this run
+        total, initial = sum(len(u[-1]) for u in mine), 0
+        sink_path = out / _PROCESS_ROWS.format(pid)
+        if progress:
+            print(f"evaluation: process {pid} of {nproc} decodes {len(mine)} of the "
+                  f"{len(units)} unfinished units", flush=True)
+    bar = tqdm(total=total, initial=initial, disable=not progress or pid != 0, desc="eval",
+               unit="prompt")
+    sampling_of = {}
+    with sink_path.open("a") as sink:
+        for bench, temp, method, drafter, batch in mine:
+            if temp not in sampling_of:
+                sampling_of[temp] = SamplingConfig(temperature=temp,
+                                                   max_new_tokens=max_new_tokens,
+                                                   verify_mode=verify_mode)
+            method_sampling = sampling_of[temp].replace(**_overrides(drafter))
+            ids = [p for p, _ in batch]
+            bar.set_postfix_str(f"{bench} T={temp} {method}")
+            unit = _run_unit(target, drafter, [it for _, it in batch], method_sampling,
+                             _seed_for(seed, bench, temp, ids), warmup)
+            row = {"benchmark": bench, "temperature": temp, "method": method,
+                   "prompt_ids": ids, **unit}
+            sink.write(json.dumps(row) + "\n")
+            sink.flush()
+            rows.append(row)
+            bar.update(len(ids))
     bar.close()
+    if nproc > 1:
+        _barrier("dblast_evaluation_rows")
+        if pid != 0:
+            return None
+        rows = _merge_rows(out)
 
     # only the rows of this run's selection (a wider earlier run may share out_dir)
-    wanted_ids = {b: {pid for pid, _ in items} for b, items in sets.items()}
+    wanted_ids = {b: {p for p, _ in items} for b, items in sets.items()}
     names = {PLAIN, *drafters}
     kept = [r for r in rows if r["benchmark"] in wanted_ids and r["method"] in names
             and float(r["temperature"]) in temps
             and set(r["prompt_ids"]) <= wanted_ids[r["benchmark"]]]
+    # in the order of the units (bench, temperature, method, prompts), whatever order the
+    # rows were written in: a resumed or multi-process run pools its floats the same way
+    pos = {b: {p: i for i, (p, _) in enumerate(items)} for b, items in sets.items()}
+    order = {m: i for i, (m, _) in enumerate(methods)}
+    kept.sort(key=lambda r: (list(sets).index(r["benchmark"]), temps.index(
+        float(r["temperature"])), order[r["method"]],
+        min(pos[r["benchmark"]][p] for p in r["prompt_ids"])))
     cells = aggregate(kept)
     meta = dict(meta, benchmarks=list(sets), temperatures=temps, drafters=list(drafters),
                 method_settings={n: method_settings.get(n, {}) for n in drafters})

@@ -5,13 +5,26 @@
         --prompts_per_benchmark=32 --max_new_tokens=256 --out=eval/smollm2
 
 Re-running with the same flags skips finished prompts (rows.jsonl in --out).
+Several processes (one per host of a pod, say) share the units of work out: run the same
+command on each with --auto_distributed, or --coordinator_address / --num_processes /
+--process_id (as launch/train.py); --out must then be one shared folder, and process 0
+writes the tables. --mesh lays out each process's own devices. launch/README.md has a pod
+recipe.
 An expected failure prints one line and exits with status 2; --debug (or DBLAST_DEBUG=1)
 shows the traceback.
 """
 
+import os
+import sys
+
 from absl import flags
 
-from dblast_jax import errors
+try:
+    import dblast_jax  # noqa: F401
+except ImportError:  # running from a checkout without `pip install -e .`
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from dblast_jax import errors  # noqa: E402  (after the checkout fallback above)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_bool("debug", False, "show the traceback of every error, expected ones too "
@@ -32,17 +45,28 @@ flags.DEFINE_integer("batch_size", 1, "prompts per generate call (one result row
 flags.DEFINE_integer("seed", 0, "sampling seed")
 flags.DEFINE_string("out", "eval_out", "output folder (resumable)")
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "parameter dtype")
-flags.DEFINE_string("mesh", None, "data,fsdp,tensor device mesh for decoding (e.g. 2,2,2 or "
-                    "-1,1,1): prompts over data, weights over fsdp / tensor")
+flags.DEFINE_string("mesh", None, "data,fsdp,tensor mesh of this process's devices for "
+                    "decoding (e.g. 2,2,2 or -1,1,1): prompts over data, weights over fsdp / "
+                    "tensor")
+flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-process); "
+                    "env JAX_COORDINATOR_ADDRESS")
+flags.DEFINE_integer("num_processes", None, "number of processes; env JAX_NUM_PROCESSES")
+flags.DEFINE_integer("process_id", None, "this process's index; env JAX_PROCESS_ID")
+flags.DEFINE_bool("auto_distributed", False, "jax.distributed.initialize() with no arguments "
+                  "(Cloud TPU pods, SLURM: the cluster is detected)")
+flags.DEFINE_string("cpu_collectives", "gloo", "CPU cross-process collectives (multi-process "
+                    "CPU runs)")
+flags.DEFINE_bool("progress", True, "tqdm progress bar (process 0)")
 
 
 def main(argv):
     del argv
+    import jax
     import jax.numpy as jnp
 
+    from dblast_jax.distributed import initialize, local_mesh
     from dblast_jax.evaluate import run_evaluation, table_markdown
-    from dblast_jax.generation import (load_target, named_drafters, on_mesh, parse_drafter_spec,
-                                       parse_mesh)
+    from dblast_jax.generation import load_target, named_drafters, on_mesh, parse_drafter_spec
 
     errors.check_float_flags([("temperatures", FLAGS.temperatures)], minimum=0.0,
                              example="0.7,1.0")
@@ -51,7 +75,9 @@ def main(argv):
         raise ValueError(f"--baseline={FLAGS.baseline!r} is not one of the --drafter names "
                          f"{names}; pass --baseline=NAME with one of them")
     dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[FLAGS.dtype]
-    mesh = parse_mesh(FLAGS.mesh)
+    initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
+               auto=FLAGS.auto_distributed, cpu_collectives=FLAGS.cpu_collectives)
+    mesh = local_mesh(FLAGS.mesh)  # this process's devices: each decodes its own units
     target = load_target(FLAGS.model, dtype=dtype)
     drafters = {name: on_mesh(d, mesh)
                 for name, d in named_drafters(FLAGS.drafter, target, dtype).items()}
@@ -61,7 +87,10 @@ def main(argv):
         temperatures=[float(t) for t in FLAGS.temperatures],
         prompts_per_benchmark=FLAGS.prompts_per_benchmark or None,
         max_new_tokens=FLAGS.max_new_tokens, out_dir=FLAGS.out, baseline=FLAGS.baseline,
-        seed=FLAGS.seed, verify_mode=FLAGS.verify_mode, batch_size=FLAGS.batch_size)
+        seed=FLAGS.seed, verify_mode=FLAGS.verify_mode, batch_size=FLAGS.batch_size,
+        progress=FLAGS.progress)
+    if jax.process_index() != 0:  # process 0 merged the rows and wrote the results
+        return
     print(table_markdown(results["tables"]["tau"]))
     print(f"results, tables and plots in {FLAGS.out}")
 

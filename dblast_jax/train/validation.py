@@ -70,13 +70,31 @@ def mean_metrics(batches: Iterator[Mapping[str, np.ndarray]], num_batches: int,
     RNG of batch i is fold_in(PRNGKey(seed), i), so every call sees the same anchors.
     per_batch: also return the summary metrics of every batch (`per_batch`) and their
     standard error (`<key>_se`), for paired comparisons of drafters."""
-    sums: dict[str, Any] = {}
-    rows: dict[str, list] = {}
+    metrics = []
     for i in range(num_batches):
         local = next(batches)
-        m = jax.device_get(run_batch(local, jax.random.fold_in(jax.random.PRNGKey(seed), i)))
+        metrics.append(_host_metrics(run_batch(local, _anchor_rng(seed, i))))
+    return _reduce_metrics(metrics, per_batch)
+
+
+def _anchor_rng(seed: int, i: int) -> jax.Array:
+    return jax.random.fold_in(jax.random.PRNGKey(seed), i)
+
+
+def _host_metrics(m: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """One batch's metrics as float64 numpy values (float32 / int32 widen exactly)."""
+    return {k: np.asarray(v, np.float64) for k, v in jax.device_get(dict(m)).items()}
+
+
+def _reduce_metrics(metrics: list[Mapping[str, np.ndarray]], per_batch: bool) -> dict[str, Any]:
+    """The means (and per-batch rows, SEs) of per-batch metrics, summed in batch order:
+    the same numbers, bit for bit, whichever processes computed the batches."""
+    num_batches = len(metrics)
+    sums: dict[str, Any] = {}
+    rows: dict[str, list] = {}
+    for m in metrics:
         for k, v in m.items():
-            sums[k] = sums.get(k, 0) + np.asarray(v, np.float64)
+            sums[k] = sums.get(k, 0) + v
             if k in SUMMARY_KEYS:
                 rows.setdefault(k, []).append(float(v))
     out = {k: (v / num_batches).tolist() for k, v in sums.items()}
@@ -85,6 +103,33 @@ def mean_metrics(batches: Iterator[Mapping[str, np.ndarray]], num_batches: int,
         for k, vals in rows.items():
             out[f"{k}_se"] = (float(np.std(vals, ddof=1) / np.sqrt(len(vals)))
                               if len(vals) > 1 else float("nan"))
+    return out
+
+
+def _gather_batch_metrics(mine: Mapping[int, Mapping[str, np.ndarray]], num_batches: int,
+                          owner: Callable[[int], int],
+                          like: Mapping[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    """Every process's per-batch metrics on every process, in batch order. `mine`: this
+    process's batches; `like`: one batch's metrics (keys and shapes, the same on every
+    process). The float64 values travel as their bits (int32 pairs), so nothing is
+    rounded on the way (jax without x64 would narrow a float64 array)."""
+    from jax.experimental import multihost_utils
+    keys = sorted(like)
+    shapes = [np.shape(like[k]) for k in keys]
+    sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
+    table = np.zeros((num_batches, sum(sizes)), np.float64)
+    for i, m in mine.items():
+        table[i] = np.concatenate([np.ravel(m[k]) for k in keys]) if keys else []
+    bits = np.asarray(multihost_utils.process_allgather(table.view(np.int32)))
+    every = np.ascontiguousarray(bits.reshape(-1, num_batches, 2 * table.shape[1])) \
+        .view(np.float64)  # [process, batch, D]
+    out = []
+    for i in range(num_batches):
+        flat, m, at = every[owner(i), i], {}, 0
+        for k, shape, size in zip(keys, shapes, sizes):
+            m[k] = flat[at:at + size].reshape(shape)
+            at += size
+        out.append(m)
     return out
 
 
@@ -128,21 +173,31 @@ def validate_drafters(drafters: Mapping[str, Any], target: Any, data: str, *,
     same batches and anchors. Needs target log-probs in the data for the AL metrics
     (a corpus stores them; otherwise they are computed by the target at T_v). A drafter
     whose `sampling_overrides` set Z_T (`NAME=DIR@zt=0.5`) is scored with its branch
-    weights pi' = softmax(prior_logits / Z_T), the law its branch is drawn from."""
-    from dblast_jax.train.trainer import _compiled_eval  # the trainer's jitted eval step
+    weights pi' = softmax(prior_logits / Z_T), the law its branch is drawn from.
+
+    With `jax.process_count() > 1` every process calls this with the same arguments:
+    batch i is scored by process i % count on its first local device, the per-batch
+    metrics are gathered (`process_allgather`, bit-exact) and summed in batch order, so
+    every process returns a 1-process run's numbers exactly."""
+    from dblast_jax.train.step import compiled_eval_step  # the trainer's jitted eval step
     if not drafters:
         raise ValueError("no drafter to validate")
     if baseline is not None and baseline not in drafters:  # refuse before any work
         raise ValueError(f"baseline {baseline!r} is not one of the drafters {list(drafters)}")
-    devices = np.array(jax.devices()[:1]).reshape(1, 1, 1)
+    # this process's first device: with several processes each scores its share of the
+    # batches on its own chip (no collective inside a batch)
+    devices = np.array(jax.local_devices()[:1]).reshape(1, 1, 1)
     mesh = Mesh(devices, ("data", "fsdp", "tensor"))
+    pid, nproc = jax.process_index(), jax.process_count()
+    owner = lambda i: i % nproc  # batch i is scored by process i % nproc
+    mine = [i for i in range(num_batches) if owner(i) == pid]
     tparams = target.params
     out: dict[str, dict[str, Any]] = {}
     names = list(drafters)
     bar = None
-    if progress:
+    if progress and pid == 0:
         from tqdm.auto import tqdm
-        bar = tqdm(total=len(names) * num_batches, desc="validate", unit="batch",
+        bar = tqdm(total=len(names) * len(mine), desc="validate", unit="batch",
                    dynamic_ncols=True)
     params = {name: _validation_params(name, d) for name, d in drafters.items()}
     for name in names:
@@ -161,19 +216,35 @@ def validate_drafters(drafters: Mapping[str, Any], target: Any, data: str, *,
         if name == names[0]:  # the same data for every drafter: checked once
             batches_lib.check_data_for_target(
                 source, target.config, getattr(target, "name", target.config.name), tparams,
-                uses_logp=mode == "data", log=print if progress else None,
+                uses_logp=mode == "data", log=print if progress and pid == 0 else None,
                 what="validation data")
-        fn = _compiled_eval(cfg, dcfg, target.config, mode, mesh)
+        fn = compiled_eval_step(cfg, dcfg, target.config, mode, mesh)
 
-        def run_batch(local, rng, dparams=dparams, fn=fn, mode=mode):
+        def run_batch(i, dparams=dparams, fn=fn, mode=mode, batcher=batcher):
+            batcher.set_state(dict(batcher.get_state(), batches=i))  # global batch i
+            local = next(batcher)
             batch = {k: jnp.asarray(v) for k, v in local.items()
                      if k != "logp" or mode == "data"}
-            m = fn(dparams, tparams, batch, rng, jnp.int32(0))
-            if bar is not None:
-                bar.update(1)
-            return m
+            return _host_metrics(fn(dparams, tparams, batch, _anchor_rng(seed, i),
+                                    jnp.int32(0)))
 
-        out[name] = mean_metrics(batcher, num_batches, run_batch, seed, per_batch=True)
+        if nproc == 1:
+            metrics = []
+            for i in range(num_batches):
+                metrics.append(run_batch(i))
+                if bar is not None:
+                    bar.update(1)
+        else:
+            got = {}
+            for i in mine:
+                got[i] = run_batch(i)
+                if bar is not None:
+                    bar.update(1)
+            # the keys and shapes of one batch's metrics; a process without a batch (fewer
+            # batches than processes) scores batch 0 once to learn them
+            like = got[mine[0]] if mine else run_batch(0)
+            metrics = _gather_batch_metrics(got, num_batches, owner, like)
+        out[name] = _reduce_metrics(metrics, per_batch=True)
         out[name]["sequences"] = num_batches * batch_size
     if bar is not None:
         bar.close()
