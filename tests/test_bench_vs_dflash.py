@@ -1,0 +1,68 @@
+"""benchmarks/bench_vs_dflash.py --tiny: our speculative loop and z-lab's dflash 0.1.0 loop
+side by side on tiny random models (the real-model run is recorded in BENCHMARKS.md).
+
+Run in-process (a subprocess would import JAX, torch and transformers again): `benchmark`
+restores torch's thread count and dflash's timer afterwards; XLA's one-thread flags are
+only set when the script runs as __main__."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.torch,  # dflash passes past_key_values= to the target
+              pytest.mark.filterwarnings("ignore:.*past_key_values.*:FutureWarning")]
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("dflash.model", reason="z-lab's dflash package is not installed; install "
+                                           "it with `pip install --no-deps dflash==0.1.0`")
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_vs_dflash.py"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_vs_dflash", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_tiny_peer_benchmark(tmp_path, capsys):
+    import torch
+
+    bench = _bench()
+    threads = torch.get_num_threads()
+    out = tmp_path / "vs_dflash.json"
+    rc = bench.main(["--tiny", "--prompts", "2", "--max-new-tokens", "16", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert rc == 0, printed
+    assert torch.get_num_threads() == threads  # restored
+    res = json.loads(out.read_text())
+    assert res["table"] in printed
+    assert res["mode"] == "tiny" and res["ok"] is True
+    assert res["batch"] == 1 and res["prompts"] == 2 and res["max_new_tokens"] == 16
+    assert res["mask_token_id"] is not None and res["block_size"] == 6
+    assert res["versions"]["dflash"] == "0.1.0"
+    assert res["torch_threads"] == 1
+    assert [e["temperature"] for e in res["per_temperature"]] == [0.0, 1.0]
+    for e in res["per_temperature"]:
+        for key in ("ours_tok_s", "theirs_tok_s", "ratio", "ours_tau", "ours_tau_se",
+                    "theirs_tau", "theirs_tau_se", "tau_z"):
+            assert isinstance(e[key], (int, float)) and math.isfinite(e[key]), (key, e[key])
+        assert e["ours_tok_s"] > 0 and e["theirs_tok_s"] > 0
+        assert e["ratio"] == pytest.approx(e["ours_tok_s"] / e["theirs_tok_s"])
+        assert 1.0 <= e["ours_tau"] <= 6 and 1.0 <= e["theirs_tau"] <= 6
+        assert e["ours_steps"] > 0 and e["theirs_full_steps"] > 0
+        rows = e["per_prompt"]
+        assert len(rows) == 2 and [r["first"] for r in rows] == ["ours", "theirs"]  # interleaved
+        for r in rows:
+            assert 0 < len(r["ours_tokens"]) <= 16 and 0 < len(r["theirs_tokens"]) <= 16
+    greedy = res["per_temperature"][0]
+    assert greedy["tokens_identical"] is True
+    assert all(r["ours_tokens"] == r["theirs_tokens"] for r in greedy["per_prompt"])
+    assert "tokens identical" in res["table"] and "| 1 |" in res["table"]
