@@ -46,6 +46,7 @@ import jax.numpy as jnp
 
 from dblast_jax import sampler
 from dblast_jax.config import SamplingConfig, TargetConfig
+from dblast_jax.io.atomic import atomic_write_text
 from dblast_jax.models import drafter as drafter_lib
 from dblast_jax.models import target as target_lib
 from dblast_jax.train import get_experiment
@@ -664,10 +665,7 @@ def save_partial(rec, args) -> None:
     lease or a wall-clock limit still leaves every finished row."""
     if not args.out:
         return
-    tmp = args.out + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(rec, f, indent=1, default=str)
-    os.replace(tmp, args.out)
+    atomic_write_text(args.out, json.dumps(rec, indent=1, default=str))
 
 
 def run_spec(job, loaded, budget, args, rec, reserve=0.0):

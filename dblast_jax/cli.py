@@ -53,6 +53,14 @@ def folder(text: str) -> str:
     return text
 
 
+def local_folder(text: str) -> str:
+    """`folder`, and not an object-store URI (outputs written as plain local files)."""
+    if "://" in text:
+        raise argparse.ArgumentTypeError(f"{text!r}: this output must be a local or "
+                                         "fuse-mounted folder (gs:// is not supported here)")
+    return folder(text)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with a one-line error: 'dblast CMD: error: ... (dblast CMD --help)'."""
 
@@ -120,13 +128,12 @@ def _cmd_fetch(args) -> int:
 
 
 def _cmd_generate(args) -> int:
-    import jax.numpy as jnp
-
     from dblast_jax.config import SamplingConfig
+    from dblast_jax.dtypes import dtype_from_name
     from dblast_jax.generation import (drafter_from_spec, generate, load_target, on_mesh,
                                        parse_mesh, speculative_generate)
 
-    dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[args.dtype]
+    dtype = dtype_from_name(args.dtype)
     mesh = parse_mesh(args.mesh)
     target = on_mesh(load_target(args.model, dtype=dtype), mesh)
     prompts = args.prompt or ["Write a haiku about speculative decoding."]
@@ -359,7 +366,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=1,
                    help="prompts per generate call (one result row per batch)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="eval_out", type=folder, help="resumable output folder")
+    p.add_argument("--out", default="eval_out", type=local_folder,
+                   help="resumable output folder (local or fuse-mounted)")
     p.add_argument("--mesh", default=None, metavar="DATA,FSDP,TENSOR",
                    help="decode on a mesh of this process's devices (e.g. 2,2,2 or -1,1,1): "
                    "prompts split over data, weights over fsdp / tensor; same tokens as one "
@@ -388,7 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="T_v of the acceptance; exact when the data were sampled at T_v")
     p.add_argument("--baseline", help="drafter NAME the gains are relative to")
     p.add_argument("--seed", type=int, default=1234, help="anchor seed")
-    p.add_argument("--out", type=folder, help="folder for validation.json / validation.md")
+    p.add_argument("--out", type=local_folder,
+                   help="local folder for validation.json / validation.md")
     p.add_argument("--no-progress", action="store_true")
     _add_cluster_args(p, "the batches are shared out; process 0 writes --out")
     p.set_defaults(func=_cmd_validate)

@@ -226,11 +226,22 @@ def table_csv(table: Mapping[str, Any]) -> str:
     return buf.getvalue()
 
 
+def _local_out(out_dir: str | Path) -> Path:
+    """The evaluation output folder as a local Path; an object-store URI (gs://...) is
+    refused (rows are appended to, plots saved with matplotlib, event files streamed: all
+    plain files). A gcsfuse mount is a local folder and works."""
+    from dblast_jax.io import paths
+    if not paths.is_local(out_dir):
+        raise ValueError(f"evaluation output must be a local or fuse-mounted folder, got "
+                         f"{str(out_dir)!r}")
+    return Path(out_dir)
+
+
 def write_tables(cells: Sequence[Mapping[str, Any]], out_dir: str | Path,
                  baseline: Optional[str] = None, meta: Optional[Mapping[str, Any]] = None) -> dict:
     """results.json (cells + tau / tau SE / expected-tau / speedup tables), results.csv
     (tau table), results.md (the tables as markdown). Returns the JSON object."""
-    out = Path(out_dir)
+    out = _local_out(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tables = {m: build_table(cells, baseline, m)
               for m in ("tau", "tau_se", "tau_expected", "speedup")}
@@ -265,7 +276,7 @@ def write_plots(cells: Sequence[Mapping[str, Any]], out_dir: str | Path) -> list
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out = Path(out_dir)
+    out = _local_out(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     spec = [c for c in cells if c["method"] != PLAIN and c.get("steps")]
     benchmarks = sorted({c["benchmark"] for c in spec})
@@ -332,7 +343,7 @@ def write_scalar_summary(result: Mapping[str, Any], out_dir: str | Path) -> Path
     the baseline); TensorBoard turns characters outside [A-Za-z0-9_.-/] into `_`. A
     rerun replaces the folder's event files, so each tag holds one value."""
     from dblast_jax.train.metric_writers import TENSORBOARD_DIR, TensorBoardWriter
-    logdir = Path(out_dir) / TENSORBOARD_DIR
+    logdir = _local_out(out_dir) / TENSORBOARD_DIR
     scalars: dict[str, Any] = {}
     for c in result.get("cells", ()):
         cell = f"{c['method']}/{c['benchmark']}/T{temperature_key(c['temperature'])}"
@@ -535,6 +546,7 @@ def run_evaluation(target, drafters: Mapping[str, Any], **kw) -> Optional[dict]:
     import jax
 
     from dblast_jax.workdir_lock import FolderLock
+    _local_out(kw.get("out_dir", "eval_out"))  # every process refuses gs:// alike, at once
     pid, nproc = jax.process_index(), jax.process_count()
     lock, error = None, None
     if pid == 0:
@@ -600,7 +612,7 @@ def _run_evaluation(target, drafters: Mapping[str, Any], *,
         raise ValueError(f"baseline {baseline!r} is not among the drafters {sorted(drafters)}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    out = Path(out_dir)
+    out = _local_out(out_dir)
 
     if prompt_sets is not None:
         sets = {name: _items_from_set(items, prompts_per_benchmark)

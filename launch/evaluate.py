@@ -62,9 +62,9 @@ flags.DEFINE_bool("progress", True, "tqdm progress bar (process 0)")
 def main(argv):
     del argv
     import jax
-    import jax.numpy as jnp
 
     from dblast_jax.distributed import initialize, local_mesh
+    from dblast_jax.dtypes import dtype_from_name
     from dblast_jax.evaluate import run_evaluation, table_markdown
     from dblast_jax.generation import load_target, named_drafters, on_mesh, parse_drafter_spec
 
@@ -74,7 +74,7 @@ def main(argv):
     if FLAGS.baseline is not None and FLAGS.baseline not in names:  # before loading anything
         raise ValueError(f"--baseline={FLAGS.baseline!r} is not one of the --drafter names "
                          f"{names}; pass --baseline=NAME with one of them")
-    dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[FLAGS.dtype]
+    dtype = dtype_from_name(FLAGS.dtype)
     initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
                auto=FLAGS.auto_distributed, cpu_collectives=FLAGS.cpu_collectives)
     mesh = local_mesh(FLAGS.mesh)  # this process's devices: each decodes its own units

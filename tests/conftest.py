@@ -35,3 +35,152 @@ def chi_square_pvalue(samples, seqs, probs):
     keep = exp > 0
     chi2 = (((obs[keep] - exp[keep]) ** 2) / exp[keep]).sum()
     return float(stats.chi2.sf(chi2, keep.sum() - 1))
+
+
+# ---- helpers shared by several test files (import them: `from conftest import ...`) ----
+
+import functools  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from dblast_jax.config import TargetConfig  # noqa: E402
+
+TINY = TargetConfig.tiny_llama()
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_target():
+    """(config, params, name) of the tiny Llama target of the trainer tests: host-drawn,
+    deterministic, O(1)-scaled (embedding std 0.3)."""
+    import jax.numpy as jnp
+
+    from dblast_jax.models import target as T
+    gen = np.random.default_rng(0)
+
+    def leaf(path, a):
+        name = "/".join(str(getattr(k, "key", k)) for k in path)
+        if name.endswith("scale"):
+            return np.ones(a.shape, np.float32)
+        if name.startswith("embed"):
+            return (0.3 * gen.standard_normal(a.shape)).astype(np.float32)
+        return (gen.standard_normal(a.shape) / np.sqrt(a.shape[0])).astype(np.float32)
+
+    params = jax.tree_util.tree_map_with_path(leaf, T.abstract_params(TINY))
+    return TINY, jax.tree.map(jnp.asarray, params), "tiny-llama-test"
+
+
+def tiny_cfg(name, *overrides):
+    """The registered experiment `name` on a 1-device mesh, with `key=value` overrides."""
+    from dblast_jax.train import config as TC
+    return TC.get_experiment(name, ["mesh=1,1,1", *overrides])
+
+
+def make_corpus(folder, n_records=37, per_shard=(13, 13, 11), temps=(0.7, 1.0)):
+    """A synthetic corpus in the on-disk format; record r's tokens all start with r."""
+    from dblast_jax.data import corpus as corpus_io
+    rng = np.random.default_rng(0)
+    shards, r = [], 0
+    for k, count in enumerate(per_shard):
+        seqs, plens, ids = [], [], []
+        for _ in range(count):
+            p = int(rng.integers(2, 6))
+            n = p + int(rng.integers(1, 20))
+            seqs.append(np.concatenate([[r], rng.integers(1, 50, n - 1)]).astype(np.int32))
+            plens.append(p)
+            ids.append(f"syn/{r}")
+            r += 1
+        lens = np.array([len(s) for s in seqs])
+        tokens = np.concatenate(seqs)
+        arrays = {
+            "tokens": tokens,
+            "response_mask": np.concatenate([np.arange(len(s)) >= p
+                                             for s, p in zip(seqs, plens)]).astype(np.uint8),
+            "offsets": np.concatenate([[0], np.cumsum(lens)]).astype(np.int64),
+            "prompt_lengths": np.array(plens, np.int32),
+            "stopped": np.ones(count, np.uint8),
+            "gen_temperature": np.ones(count, np.float32),
+            "ids": np.array(ids, dtype=np.str_),
+        }
+        for t in temps:
+            key = corpus_io.temperature_key(t)
+            arrays[f"logp_{key}"] = -tokens.astype(np.float32) / t
+            arrays[f"entropy_{key}"] = np.full(tokens.shape, t, np.float32)
+        name = corpus_io.shard_name(k)
+        digest = corpus_io.write_shard(folder / name, arrays)
+        shards.append({"index": k, "file": name, "sha256": digest, "sequences": count,
+                       "tokens": int(lens.sum()), "response_tokens": 0, "seconds": 0.0})
+    corpus_io.write_manifest(folder, {
+        "format": corpus_io.FORMAT, "target": {"name": "synthetic"},
+        "settings": {"verify_temperatures": list(temps)}, "prompts": {},
+        "num_shards": len(per_shard), "shards": shards, "complete": True})
+    assert r == n_records
+    return folder
+
+
+CORPUS_SEQ = 24  # seq_len of the runs on the `corpus` fixture
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A `make_corpus` folder (37 records, logp at 0.7 / 1.0), one per test module."""
+    return make_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+def corpus_cfg(corpus, *more):
+    """A 4-step tiny_dflash run on `corpus` (T_v = 1.0, seq_len CORPUS_SEQ)."""
+    return tiny_cfg("tiny_dflash", f"data={corpus}", "verify_temperature=1.0",
+                    f"seq_len={CORPUS_SEQ}", "num_steps=4", "checkpoint_every=4", *more)
+
+
+def train_quietly(cfg, wd):
+    """Run `cfg` in workdir `wd` on `tiny_target()` without progress or logs."""
+    from dblast_jax.train import trainer as TR
+    trainer = TR.Trainer(cfg, str(wd), target=tiny_target(), progress=False,
+                         log=lambda s: None)
+    result = trainer.run()
+    trainer.close()
+    return result
+
+
+# ---- gs:// without a bucket (test_cloud_paths.py, test_cloud_corpus.py) ----
+
+@pytest.fixture
+def gcs(tmp_path, monkeypatch):
+    """gs://... -> tmp_path/gcs/... for epath and orbax; yields the local root.
+
+    `etils.epath.testing.mock_epath` (etils' own test double) sends every epath call for
+    gs://BUCKET/KEY to TMP/gcs/BUCKET/KEY, and orbax's TensorStore kvstore for a gs://
+    path (`gcs_utils.get_kvstore_for_gcs`) is pointed at the same local folder."""
+    from etils.epath import testing as epath_testing
+    from orbax.checkpoint._src.path import gcs_utils
+
+    root = str(tmp_path / "gcs")
+    os.makedirs(root)
+
+    def local(p):
+        s = os.fspath(p) if isinstance(p, os.PathLike) else p
+        return os.path.join(root, s[len("gs://"):]) if isinstance(s, str) and \
+            s.startswith("gs://") else p
+
+    def remote(p):
+        s = os.fspath(p)
+        return "gs://" + s[len(root) + 1:] if s.startswith(root + os.sep) else s
+
+    def redirect(orig, path, *args, **kw):
+        return orig(local(path), *(local(a) for a in args), **kw)
+
+    def glob(orig, pattern):
+        return [remote(p) for p in orig(local(pattern))]
+
+    def walk(orig, top, **kw):
+        for r, dirs, files in orig(local(top), **kw):
+            yield remote(r), dirs, files
+
+    monkeypatch.setattr(gcs_utils, "get_kvstore_for_gcs",
+                        lambda p: {"driver": "file", "path": local(str(p))})
+    monkeypatch.setattr(gcs_utils, "is_hierarchical_namespace_enabled", lambda p: False)
+    fns = {n: redirect for n in ("copy", "exists", "isdir", "listdir", "makedirs", "mkdir",
+                                 "open", "remove", "rename", "replace", "rmtree", "stat")}
+    with epath_testing.mock_epath(glob=glob, walk=walk, **fns):
+        yield root

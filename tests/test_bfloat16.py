@@ -18,7 +18,6 @@ The power of the chi-square harness (a broken verifier is rejected) is shown onc
 float32, by test_speculative.py; it does not depend on the parameter dtype.
 """
 
-import functools
 import itertools
 
 import jax
@@ -26,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import chi_square_pvalue  # tests/ is on sys.path (pytest "prepend" mode)
+from conftest import chi_square_pvalue, tiny_target  # tests/ is on sys.path (pytest "prepend")
 
 import dblast_jax as dj
 from dblast_jax import verify
@@ -176,22 +175,9 @@ def test_bf16_preset_and_drafter_generate_finite_float32_statistics():
 
 # ---- one training step: bf16 vs float32 ------------------------------------------------------
 
-@functools.lru_cache(maxsize=None)
 def _train_target():
     """test_trainer's tiny Llama target (host-drawn, O(1) scale), float32."""
-    tc = TargetConfig.tiny_llama()
-    gen = np.random.default_rng(0)
-
-    def leaf(path, a):
-        name = "/".join(str(getattr(k, "key", k)) for k in path)
-        if name.endswith("scale"):
-            return np.ones(a.shape, np.float32)
-        if name.startswith("embed"):
-            return (0.3 * gen.standard_normal(a.shape)).astype(np.float32)
-        return (gen.standard_normal(a.shape) / np.sqrt(a.shape[0])).astype(np.float32)
-
-    return tc, jax.tree.map(jnp.asarray,
-                            jax.tree_util.tree_map_with_path(leaf, T.abstract_params(tc)))
+    return tiny_target()[:2]
 
 
 def _cosine(a, b) -> float:

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from test_pipeline import _make_corpus  # tests/ is on sys.path (pytest "prepend" mode)
+from conftest import make_corpus as _make_corpus  # tests/ is on sys.path (pytest "prepend" mode)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "experiments", "budget", "budget_curve.py")

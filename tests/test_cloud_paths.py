@@ -3,7 +3,8 @@
 No bucket is reached: `etils.epath.testing.mock_epath` (etils' own test double) sends
 every epath call for gs://BUCKET/KEY to TMP/gcs/BUCKET/KEY, and orbax's TensorStore
 kvstore for a gs:// path (`gcs_utils.get_kvstore_for_gcs`) is pointed at the same local
-folder, so orbax still takes its GCS code paths (commit-file atomicity, no rename).
+folder, so orbax still takes its GCS code paths (commit-file atomicity, no rename). The
+`gcs` fixture doing this lives in conftest.py (test_cloud_corpus.py uses it too).
 """
 
 import json
@@ -12,49 +13,12 @@ import os
 import jax
 import numpy as np
 import pytest
-from etils.epath import testing as epath_testing
 
 from dblast_jax.io import atomic, paths
 from dblast_jax.train import feature_cache as fc
 from dblast_jax.train import metric_writers as MW
 from dblast_jax.train import trainer as TR
-from test_trainer import TINY, tiny_cfg, tiny_target
-
-
-@pytest.fixture
-def gcs(tmp_path, monkeypatch):
-    """gs://... -> tmp_path/gcs/... for epath and orbax; yields the local root."""
-    from orbax.checkpoint._src.path import gcs_utils
-
-    root = str(tmp_path / "gcs")
-    os.makedirs(root)
-
-    def local(p):
-        s = os.fspath(p) if isinstance(p, os.PathLike) else p
-        return os.path.join(root, s[len("gs://"):]) if isinstance(s, str) and \
-            s.startswith("gs://") else p
-
-    def remote(p):
-        s = os.fspath(p)
-        return "gs://" + s[len(root) + 1:] if s.startswith(root + os.sep) else s
-
-    def redirect(orig, path, *args, **kw):
-        return orig(local(path), *(local(a) for a in args), **kw)
-
-    def glob(orig, pattern):
-        return [remote(p) for p in orig(local(pattern))]
-
-    def walk(orig, top, **kw):
-        for r, dirs, files in orig(local(top), **kw):
-            yield remote(r), dirs, files
-
-    monkeypatch.setattr(gcs_utils, "get_kvstore_for_gcs",
-                        lambda p: {"driver": "file", "path": local(str(p))})
-    monkeypatch.setattr(gcs_utils, "is_hierarchical_namespace_enabled", lambda p: False)
-    fns = {n: redirect for n in ("copy", "exists", "isdir", "listdir", "makedirs", "mkdir",
-                                 "open", "remove", "rename", "replace", "rmtree", "stat")}
-    with epath_testing.mock_epath(glob=glob, walk=walk, **fns):
-        yield root
+from conftest import TINY, tiny_cfg, tiny_target
 
 
 # ---- the path layer ----------------------------------------------------------------------

@@ -18,7 +18,7 @@ from dblast_jax.data import regenerate as regen
 from dblast_jax.train import checkpoint as C
 from dblast_jax.train import trainer as TR
 from dblast_jax.workdir_lock import FolderLock, FolderLockedError
-from test_trainer import tiny_cfg, tiny_target
+from conftest import tiny_cfg, tiny_target
 
 STEPS = 6
 NAN = float("nan")  # one object: configs holding it compare equal (one compiled step)

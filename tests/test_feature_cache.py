@@ -12,28 +12,9 @@ import pytest
 from dblast_jax.data import corpus as corpus_io
 from dblast_jax.train import feature_cache as FC
 from dblast_jax.train import trainer as TR
-from test_pipeline import _make_corpus  # tests/ is on sys.path (pytest "prepend" mode)
-from test_trainer import tiny_cfg, tiny_target
-
-SEQ = 24
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    return _make_corpus(tmp_path_factory.mktemp("corpus"))  # 37 records, logp at 0.7 / 1.0
-
-
-def _cfg(corpus, *more):
-    return tiny_cfg("tiny_dflash", f"data={corpus}", "verify_temperature=1.0",
-                    f"seq_len={SEQ}", "num_steps=4", "checkpoint_every=4", *more)
-
-
-def _train(cfg, wd):
-    trainer = TR.Trainer(cfg, str(wd), target=tiny_target(), progress=False,
-                         log=lambda s: None)
-    result = trainer.run()
-    trainer.close()
-    return result
+# tests/ is on sys.path (pytest "prepend" mode); `corpus` is a conftest fixture
+from conftest import CORPUS_SEQ as SEQ, corpus_cfg as _cfg, tiny_cfg, tiny_target
+from conftest import train_quietly as _train
 
 
 def _source(corpus):

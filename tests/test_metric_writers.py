@@ -17,7 +17,7 @@ from dblast_jax import evaluate as ev
 from dblast_jax.train import config as TC
 from dblast_jax.train import metric_writers as MW
 from dblast_jax.train import trainer as TR
-from test_trainer import tiny_cfg, tiny_target  # tests/ is on sys.path (pytest "prepend")
+from conftest import tiny_cfg, tiny_target  # tests/ is on sys.path (pytest "prepend")
 
 tbx = pytest.importorskip("tensorboardX")
 from tensorboardX.proto import event_pb2  # noqa: E402

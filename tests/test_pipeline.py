@@ -5,47 +5,7 @@ import pytest
 
 from dblast_jax.data import corpus as corpus_io
 from dblast_jax.data import pipeline
-
-
-def _make_corpus(folder, n_records=37, per_shard=(13, 13, 11), temps=(0.7, 1.0)):
-    """A synthetic corpus in the on-disk format; record r's tokens all start with r."""
-    rng = np.random.default_rng(0)
-    shards, r = [], 0
-    for k, count in enumerate(per_shard):
-        seqs, plens, ids = [], [], []
-        for _ in range(count):
-            p = int(rng.integers(2, 6))
-            n = p + int(rng.integers(1, 20))
-            seqs.append(np.concatenate([[r], rng.integers(1, 50, n - 1)]).astype(np.int32))
-            plens.append(p)
-            ids.append(f"syn/{r}")
-            r += 1
-        lens = np.array([len(s) for s in seqs])
-        tokens = np.concatenate(seqs)
-        arrays = {
-            "tokens": tokens,
-            "response_mask": np.concatenate([np.arange(len(s)) >= p
-                                             for s, p in zip(seqs, plens)]).astype(np.uint8),
-            "offsets": np.concatenate([[0], np.cumsum(lens)]).astype(np.int64),
-            "prompt_lengths": np.array(plens, np.int32),
-            "stopped": np.ones(count, np.uint8),
-            "gen_temperature": np.ones(count, np.float32),
-            "ids": np.array(ids, dtype=np.str_),
-        }
-        for t in temps:
-            key = corpus_io.temperature_key(t)
-            arrays[f"logp_{key}"] = -tokens.astype(np.float32) / t
-            arrays[f"entropy_{key}"] = np.full(tokens.shape, t, np.float32)
-        name = corpus_io.shard_name(k)
-        digest = corpus_io.write_shard(folder / name, arrays)
-        shards.append({"index": k, "file": name, "sha256": digest, "sequences": count,
-                       "tokens": int(lens.sum()), "response_tokens": 0, "seconds": 0.0})
-    corpus_io.write_manifest(folder, {
-        "format": corpus_io.FORMAT, "target": {"name": "synthetic"},
-        "settings": {"verify_temperatures": list(temps)}, "prompts": {},
-        "num_shards": len(per_shard), "shards": shards, "complete": True})
-    assert r == n_records
-    return folder
+from conftest import make_corpus as _make_corpus  # tests/ is on sys.path (pytest "prepend")
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import tensorflow_datasets as tfds
 from dblast_jax.data import corpus as corpus_io
 from dblast_jax.data import pipeline, sources
 from dblast_jax.data import tfds_builders as tb
-from test_pipeline import _make_corpus  # tests/ is on sys.path (pytest "prepend" mode)
+from conftest import make_corpus as _make_corpus  # tests/ is on sys.path (pytest "prepend" mode)
 
 
 @pytest.fixture(scope="module")

@@ -26,30 +26,9 @@ from dblast_jax.train import batches as B
 from dblast_jax.train import checkpoint as C
 from dblast_jax.train import config as TC
 from dblast_jax.train import trainer as TR
+from conftest import TINY, tiny_cfg, tiny_target  # tests/ is on sys.path (pytest "prepend")
 
-TINY = TargetConfig.tiny_llama()
 STEPS = 200  # the registry's tiny budget
-
-
-@functools.lru_cache(maxsize=None)
-def tiny_target():
-    """(config, params, name): host-drawn, deterministic, O(1)-scaled."""
-    gen = np.random.default_rng(0)
-
-    def leaf(path, a):
-        name = "/".join(str(getattr(k, "key", k)) for k in path)
-        if name.endswith("scale"):
-            return np.ones(a.shape, np.float32)
-        if name.startswith("embed"):
-            return (0.3 * gen.standard_normal(a.shape)).astype(np.float32)
-        return (gen.standard_normal(a.shape) / np.sqrt(a.shape[0])).astype(np.float32)
-
-    params = jax.tree_util.tree_map_with_path(leaf, T.abstract_params(TINY))
-    return TINY, jax.tree.map(jnp.asarray, params), "tiny-llama-test"
-
-
-def tiny_cfg(name, *overrides):
-    return TC.get_experiment(name, ["mesh=1,1,1", *overrides])
 
 
 def held_out(cfg):

@@ -13,7 +13,7 @@ from dblast_jax import losses
 from dblast_jax.chunked_logits import teacher_topk, token_logprobs
 from dblast_jax.train import distill
 from dblast_jax.train import trainer as TR
-from test_feature_cache import _cfg, _train, corpus  # noqa: F401  (module fixture)
+from conftest import corpus_cfg as _cfg, train_quietly as _train  # `corpus`: a conftest fixture
 
 
 def _log_softmax(z):
@@ -162,7 +162,7 @@ def test_distillation_needs_a_cache_with_the_teacher(corpus, tmp_path):  # noqa:
 
 def test_warm_start_copies_the_layer_after_the_deepest_tap(corpus, tmp_path):  # noqa: F811
     from dblast_jax.train import warm_start
-    from test_trainer import tiny_target
+    from conftest import tiny_target
     cfg = _cfg(corpus, "drafter_init=target", "num_steps=1")
     trainer = TR.Trainer(cfg, str(tmp_path / "w"), target=tiny_target(), progress=False,
                          log=lambda s: None)

@@ -14,8 +14,7 @@ from dblast_jax.generation import Target, load_drafter
 from dblast_jax.train import config as TC
 from dblast_jax.train import trainer as TR
 from dblast_jax.train import validation as V
-from test_pipeline import _make_corpus  # tests/ is on sys.path (pytest "prepend" mode)
-from test_trainer import tiny_cfg, tiny_target
+from conftest import make_corpus as _make_corpus, tiny_cfg, tiny_target
 
 
 def _cfg(**kw):

@@ -79,11 +79,10 @@ def run_regenerate(model: str, out: str, *, pools: Optional[Sequence[str]] = Non
     mesh: "data,fsdp,tensor" over this process's devices (e.g. "-1,1,1": batches over
     every local device). Several processes (`dblast_jax.distributed.initialize` called
     first) share the shards; each calls this with the same arguments."""
-    import jax.numpy as jnp
-
     from dblast_jax.data.regenerate import (RegenConfig, corpus_prompts, regenerate,
                                             training_work)
     from dblast_jax.distributed import local_mesh
+    from dblast_jax.dtypes import dtype_from_name
     from dblast_jax.generation import load_target
     device_mesh = local_mesh(mesh)  # a bad spec fails before the target loads
     if prompts_from:
@@ -94,7 +93,7 @@ def run_regenerate(model: str, out: str, *, pools: Optional[Sequence[str]] = Non
         prompts, dropped = corpus_prompts(folder, f"{first}:{stop}"), []
     else:
         prompts, dropped = training_work(pools, limit, shuffle_seed=seed)
-    target = load_target(model, dtype={"float32": jnp.float32, "bfloat16": jnp.bfloat16}[dtype])
+    target = load_target(model, dtype=dtype_from_name(dtype))
     if not prompts_from and target.tokenizer is None:
         raise ValueError(f"target {model!r} has no tokenizer; text prompt pools need one "
                          "(use the Python API with token prompts)")
@@ -171,7 +170,8 @@ def add_data_subcommands(subparsers) -> argparse.ArgumentParser:
     p = sub.add_parser("regenerate", help="the target answers the training prompts "
                        "(sharded, resumable)")
     p.add_argument("--model", default="smollm2-135m-instruct")
-    p.add_argument("--out", required=True, help="corpus folder (re-run to resume / grow)")
+    p.add_argument("--out", required=True, help="corpus folder, local or gs://BUCKET/PATH "
+                   "(re-run to resume / grow)")
     p.add_argument("--pools", help="comma-separated training pools (default: all)")
     p.add_argument("--limit", type=int, help="use the first N prompts of the shuffled pools")
     p.add_argument("--prompts-from", metavar="CORPUS:A:B",

@@ -6,6 +6,12 @@ Layout of a corpus folder::
     shard-00000.npz      one shard (written to a temp name, then os.replace'd)
     ...
 
+The folder may be local (a gcsfuse mount too) or an object-store URI (`gs://bucket/corpus`):
+paths go through `as_folder` (pathlib locally, `etils.epath` for a URI; a plain
+`pathlib.Path("gs://b/x")` would be a local folder "gs:/b/x"), writes through the atomic
+helpers of dblast_jax.io.paths (one object per write on a bucket), and a shard on a bucket
+is read into memory whole (`np.load` of its bytes; sha256 checked on the same bytes).
+
 A shard is a zip of .npy arrays (readable with `np.load`) written with fixed zip
 timestamps, so equal contents give byte-identical files. Sequences are concatenated:
 
@@ -40,10 +46,14 @@ from typing import Any, Mapping, Optional
 import numpy as np
 
 from dblast_jax.io import atomic as _atomic
+from dblast_jax.io import paths as _paths
 from dblast_jax.io.fetch import sha256_file
 
-__all__ = ["FORMAT", "MANIFEST", "temperature_key", "shard_name", "write_shard", "read_shard",
-           "atomic_write_bytes", "atomic_write_text", "read_manifest", "write_manifest", "Corpus"]
+AnyPath = Any  # pathlib.Path (local) or etils.epath.Path (gs://...): see `as_folder`
+
+__all__ = ["FORMAT", "MANIFEST", "temperature_key", "shard_name", "as_folder", "is_corpus_folder",
+           "sha256_path", "write_shard", "read_shard", "atomic_write_bytes", "atomic_write_text",
+           "read_manifest", "write_manifest", "Corpus"]
 
 FORMAT = "dblast-corpus-v1"
 MANIFEST = "manifest.json"
@@ -58,12 +68,39 @@ def shard_name(index: int) -> str:
     return f"shard-{index:05d}.npz"
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to a temp file in the same folder, then os.replace: never a half file."""
+def as_folder(path: os.PathLike | str) -> AnyPath:
+    """A corpus folder (or a file in one) as a path object: `pathlib.Path` for a local path
+    (as always), `etils.epath.Path` for `gs://...` and other object-store URIs."""
+    text = os.fspath(path)
+    return Path(text) if _paths.is_local(text) else _paths.as_path(text)
+
+
+def is_corpus_folder(path: os.PathLike | str) -> bool:
+    """True when `path` holds a corpus (its manifest.json); a bucket prefix counts."""
+    text = os.fspath(path)
+    if _paths.is_local(text):
+        return os.path.isdir(text) and os.path.exists(os.path.join(text, MANIFEST))
+    return _paths.isfile(_paths.join(text, MANIFEST))
+
+
+def sha256_path(path: os.PathLike | str) -> str:
+    """sha256 hex digest of a local file or an object (streamed in 1 MiB chunks)."""
+    if _paths.is_local(os.fspath(path)):
+        return sha256_file(path)
+    h = hashlib.sha256()
+    with _paths.as_path(os.fspath(path)).open("rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def atomic_write_bytes(path: AnyPath, data: bytes) -> None:
+    """Write to a temp file in the same folder, then os.replace: never a half file (on an
+    object store: one object write, dblast_jax.io.paths)."""
     _atomic.atomic_write_bytes(path, data)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
+def atomic_write_text(path: AnyPath, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
@@ -83,11 +120,11 @@ def _npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
     return buf.getvalue()
 
 
-def write_shard(path: Path, arrays: Mapping[str, np.ndarray]) -> str:
+def write_shard(path: AnyPath, arrays: Mapping[str, np.ndarray]) -> str:
     """Write one shard atomically; returns its sha256."""
     _check_shard(arrays, str(path))
     data = _npz_bytes(arrays)
-    atomic_write_bytes(Path(path), data)
+    atomic_write_bytes(path, data)
     return hashlib.sha256(data).hexdigest()
 
 
@@ -111,15 +148,19 @@ def _check_shard(arrays: Mapping[str, np.ndarray], where: str) -> None:
             raise ValueError(f"{where}: array {k!r} has shape {v.shape}, expected ({want},)")
 
 
-def read_shard(path: Path) -> dict[str, np.ndarray]:
-    with np.load(path, allow_pickle=False) as z:
+def read_shard(path: AnyPath, data: Optional[bytes] = None) -> dict[str, np.ndarray]:
+    """The arrays of one shard file; `data`: its bytes, already read (an object-store
+    shard is always read whole: `np.load` needs a seekable file)."""
+    if data is None and not _paths.is_local(os.fspath(path)):
+        data = _paths.read_bytes(os.fspath(path))
+    with np.load(io.BytesIO(data) if data is not None else path, allow_pickle=False) as z:
         arrays = {k: z[k] for k in z.files}
     _check_shard(arrays, str(path))
     return arrays
 
 
-def read_manifest(folder: Path) -> Optional[dict]:
-    path = Path(folder) / MANIFEST
+def read_manifest(folder: os.PathLike | str) -> Optional[dict]:
+    path = as_folder(folder) / MANIFEST
     if not path.is_file():
         return None
     try:
@@ -132,8 +173,8 @@ def read_manifest(folder: Path) -> Optional[dict]:
     return manifest
 
 
-def write_manifest(folder: Path, manifest: dict) -> None:
-    atomic_write_text(Path(folder) / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
+def write_manifest(folder: os.PathLike | str, manifest: dict) -> None:
+    atomic_write_text(as_folder(folder) / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
 
 
 class Corpus:
@@ -152,7 +193,7 @@ class Corpus:
     def __init__(self, folder: os.PathLike | str, verify_temperature: Optional[float] = None,
                  verify: bool = True, cache_shards: int = 4, max_shards: Optional[int] = None,
                  first_shard: int = 0):
-        self.folder = Path(folder)
+        self.folder = as_folder(folder)  # pathlib.Path, or epath.Path for gs://...
         manifest = read_manifest(self.folder)
         if manifest is None:
             raise FileNotFoundError(f"no corpus at {self.folder} (missing {MANIFEST}); make one "
@@ -212,12 +253,14 @@ class Corpus:
         path = self.folder / entry["file"]
         if not path.is_file():
             raise FileNotFoundError(f"corpus shard {path} listed in the manifest is missing")
+        local = _paths.is_local(os.fspath(path))
+        data = None if local else path.read_bytes()  # a bucket's shard: one read, in memory
         if self.verify:
-            actual = sha256_file(path)
+            actual = sha256_file(path) if local else hashlib.sha256(data).hexdigest()
             if actual != entry["sha256"]:
                 raise ValueError(f"corpus shard {path}: sha256 {actual} does not match the "
                                  f"manifest's {entry['sha256']} (corrupt or replaced)")
-        arrays = read_shard(path)
+        arrays = read_shard(path, data)
         toks = arrays["tokens"]
         if toks.size:
             self._token_ranges[k] = (int(toks.min()), int(toks.max()))

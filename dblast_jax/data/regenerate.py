@@ -25,7 +25,9 @@ corpus identity). Process 0 holds the folder lock, writes the manifest at the st
 after a barrier, once more from the shards and records on disk (and drops the records it
 merged), so the folder is byte-for-byte a one-process run's apart from timings. A killed
 run leaves only complete shards (atomic writes) and is resumed by running it again with
-any process count. `out_dir` must be one folder every process sees (a shared file system).
+any process count. `out_dir` must be one folder every process sees (a shared file system,
+or an object-store folder `gs://bucket/corpus`: shards, records and manifest are then whole
+objects, each written in one call -- no temp files, no renames -- and there is no lock).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from dblast_jax.config import SamplingConfig, TargetConfig
 from dblast_jax.data import corpus as corpus_io
 from dblast_jax.data.sources import Prompt
 from dblast_jax.data.templates import chat_messages
+from dblast_jax.io import paths
 from dblast_jax.io.atomic import atomic_write_json
 from dblast_jax.models import target as target_lm
 from dblast_jax.sampler import PAD_ID, cache_size_for, generate_tokens
@@ -371,7 +374,7 @@ def _identity(target, items: Sequence[WorkItem], cfg: RegenConfig,
     }
 
 
-def _check_resume(existing: dict, identity: dict, folder: Path) -> None:
+def _check_resume(existing: dict, identity: dict, folder) -> None:
     for key in ("target", "settings", "prompts"):
         old, new = existing.get(key) or {}, identity[key]
         if key == "target" and "params_fingerprint" not in old:
@@ -398,7 +401,8 @@ def regenerate(target, prompts: Sequence[PromptLike], out_dir, cfg: RegenConfig 
     With `jax.process_count() > 1` every process calls this with the same arguments and
     makes its share of the shards (see the module docstring); each returns the manifest.
     One run writes a folder at a time (process 0 holds `out_dir/.lock`; a second run is
-    refused).
+    refused). `out_dir` may be `gs://bucket/corpus` (no lock there: one run per folder is
+    then up to you).
     """
     return _regenerate(target, prompts, out_dir, cfg, max_shards=max_shards,
                        progress=progress, stop_tokens=stop_tokens, mesh=mesh)
@@ -429,14 +433,14 @@ def _identity_key(identity: dict) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
 
-def _finished(folder: Path, manifest: Optional[dict], key: str) -> dict[int, dict]:
+def _finished(folder, manifest: Optional[dict], key: str) -> dict[int, dict]:
     """Shards complete on disk: the manifest's entries and the per-shard records of this
     corpus (same identity) whose file is present with the recorded sha256."""
     done: dict[int, dict] = {}
 
     def verified(entry) -> bool:
         path = folder / str(entry.get("file", ""))
-        return path.is_file() and corpus_io.sha256_file(path) == entry.get("sha256")
+        return path.is_file() and corpus_io.sha256_path(path) == entry.get("sha256")
 
     for entry in (manifest or {}).get("shards", []):
         if verified(entry):
@@ -452,7 +456,7 @@ def _finished(folder: Path, manifest: Optional[dict], key: str) -> dict[int, dic
     return done
 
 
-def _write_merged(folder: Path, identity: dict, key: str, n_plans: int) -> dict:
+def _write_merged(folder, identity: dict, key: str, n_plans: int) -> dict:
     """(Process 0) the manifest from what is on disk; the records it absorbed are
     removed afterwards (a crash in between leaves duplicates of manifest entries only)."""
     done = _finished(folder, corpus_io.read_manifest(folder), key)
@@ -479,7 +483,7 @@ def _barrier(name: str) -> None:
 def _regenerate(target, prompts: Sequence[PromptLike], out_dir, cfg: RegenConfig, *,
                 max_shards: Optional[int], progress: bool,
                 stop_tokens: Optional[Sequence[int]], mesh=None) -> dict:
-    folder = Path(out_dir)
+    folder = corpus_io.as_folder(out_dir)  # pathlib locally, epath for gs://
     pid, nproc = jax.process_index(), jax.process_count()
     # Process 0 locks the folder before anything else (a second writer is refused before
     # it reads or checks a thing); the others hear of a refusal with the resume check below.
@@ -502,7 +506,7 @@ def _regenerate(target, prompts: Sequence[PromptLike], out_dir, cfg: RegenConfig
             lock.release()
 
 
-def _regenerate_locked(target, prompts: Sequence[PromptLike], folder: Path, cfg: RegenConfig,
+def _regenerate_locked(target, prompts: Sequence[PromptLike], folder, cfg: RegenConfig,
                        error: Optional[Exception], *, max_shards: Optional[int], progress: bool,
                        stop_tokens: Optional[Sequence[int]], mesh=None) -> dict:
     pid, nproc = jax.process_index(), jax.process_count()
@@ -530,9 +534,10 @@ def _regenerate_locked(target, prompts: Sequence[PromptLike], folder: Path, cfg:
             existing = corpus_io.read_manifest(folder)
             if existing is not None:
                 _check_resume(existing, identity, folder)
-            folder.mkdir(parents=True, exist_ok=True)
-            for stray in folder.glob(".*.tmp"):  # temp files of a run killed while writing
-                stray.unlink(missing_ok=True)
+            folder.mkdir(parents=True, exist_ok=True)  # a no-op on an object store
+            if paths.is_local(os.fspath(folder)):  # (object-store writes make no temp files)
+                for stray in folder.glob(".*.tmp"):  # temp files of a run killed mid-write
+                    stray.unlink(missing_ok=True)
             manifest = _write_merged(folder, identity, key, len(plans))
             done = {e["index"]: e for e in manifest["shards"]}
         except Exception as e:  # noqa: BLE001 -- the other processes must hear of it too
@@ -566,7 +571,7 @@ def _regenerate_locked(target, prompts: Sequence[PromptLike], folder: Path, cfg:
                             key, stops, max_shards=max_shards, progress=progress, mesh=mesh)
 
 
-def _generate_shards(target, items, folder: Path, cfg: RegenConfig, plans, done_indices,
+def _generate_shards(target, items, folder, cfg: RegenConfig, plans, done_indices,
                      identity: dict, key: str, stops, *, max_shards, progress, mesh) -> dict:
     pid, nproc = jax.process_index(), jax.process_count()
     todo = [p for p in plans if p.index not in done_indices]

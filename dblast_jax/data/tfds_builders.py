@@ -61,7 +61,7 @@ def _decode(value: bytes | str) -> str:
 
 # ---- identity --------------------------------------------------------------------------
 
-def _corpus_shards(folder: Path, max_shards: Optional[int]) -> tuple[dict, list[dict]]:
+def _corpus_shards(folder: os.PathLike | str, max_shards: Optional[int]) -> tuple[dict, list[dict]]:
     manifest = read_manifest(folder)
     if manifest is None:
         raise FileNotFoundError(f"no corpus at {folder} (missing manifest.json); make one "
@@ -75,7 +75,7 @@ def _corpus_shards(folder: Path, max_shards: Optional[int]) -> tuple[dict, list[
 def corpus_fingerprint(folder: os.PathLike | str, max_shards: Optional[int] = None) -> str:
     """sha256 over the corpus content identity: format, temperatures and each used
     shard's (index, sha256, sequences) from the manifest. Any rewritten shard changes it."""
-    manifest, shards = _corpus_shards(Path(folder), max_shards)
+    manifest, shards = _corpus_shards(folder, max_shards)  # local or gs://
     temps = [temperature_key(t) for t in manifest["settings"]["verify_temperatures"]]
     return _sha256_json({"format": FORMAT, "temperatures": temps,
                          "shards": [[s["index"], s["sha256"], s["sequences"]] for s in shards]})

@@ -13,14 +13,17 @@ An object-store destination (`gs://...`) is written as one object in one call in
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
 import threading
-from typing import Any
+import uuid
+from typing import Any, Iterator
 
 __all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_json", "current_umask",
-           "default_file_mode", "fsync_dir"]
+           "default_file_mode", "fsync_dir", "fsync_file", "local_atomic_path",
+           "make_temp_dir"]
 
 _UMASK_LOCK = threading.Lock()
 
@@ -82,15 +85,25 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 
 def local_atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """atomic_write_bytes for a local path (the temp file + rename protocol above)."""
+    with local_atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(data)
+
+
+@contextlib.contextmanager
+def local_atomic_path(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[str]:
+    """A temporary file beside local `path` (`.{name}.XXXXXXXX{suffix}`, created empty)
+    for the caller to write by name. On a clean exit it is fsync'ed, given the umask's
+    normal mode and renamed over `path`, and the folder is fsync'ed; on any error (the
+    caller's too) it is removed and `path` is unchanged."""
     path = os.fspath(path)
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{os.path.basename(path)}.", suffix=suffix)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        yield tmp
+        fsync_file(tmp)
         os.chmod(tmp, default_file_mode())
         os.replace(tmp, path)
     except BaseException:
@@ -100,6 +113,24 @@ def local_atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             pass
         raise
     fsync_dir(parent)
+
+
+def fsync_file(path: str | os.PathLike) -> None:
+    """fsync a written (and closed) file by name."""
+    fd = os.open(os.fspath(path), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def make_temp_dir(parent: str | os.PathLike, name: str, kind: str) -> str:
+    """Create and return `parent/.{name}.{kind}-{pid}-{random}`: a sibling folder that a
+    whole-folder write fills before renaming it into place (or moving its files in)."""
+    # os.mkdir, not mkdtemp: a folder renamed into place keeps the umask's usual mode
+    path = os.path.join(os.fspath(parent), f".{name}.{kind}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    os.mkdir(path)
+    return path
 
 
 def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> None:

@@ -22,18 +22,19 @@ import json
 import os
 import re
 import shutil
-import uuid
 import warnings
 from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 
 from dblast_jax.config import DrafterConfig, TargetConfig, default_target_layer_ids
+from dblast_jax.dtypes import dtype_from_name
 from dblast_jax.io import paths
-from dblast_jax.io.atomic import default_file_mode, fsync_dir
+from dblast_jax.io.atomic import default_file_mode, fsync_dir, fsync_file
+from dblast_jax.io.atomic import make_temp_dir as _make_temp_dir  # tests patch this name
+from dblast_jax.io.layer_keys import DECODER_LAYER_KEYS, get_leaf, set_leaf
 from dblast_jax.io.safetensors_io import SafetensorsReader, checkpoint_files
 from dblast_jax.models import drafter as drafter_lib
 
@@ -41,23 +42,7 @@ Params = dict[str, Any]
 
 DBLAST_PREFIX = "dblast."
 FORMAT_VERSION = 1
-_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
-
-# our path (tuple) <-> torch key, and whether the 2-D kernel is transposed.
-_LAYER_KEYS = (
-    (("input_norm", "scale"), "input_layernorm.weight", False),
-    (("post_attn_norm", "scale"), "post_attention_layernorm.weight", False),
-    (("attn", "q_proj", "kernel"), "self_attn.q_proj.weight", True),
-    (("attn", "k_proj", "kernel"), "self_attn.k_proj.weight", True),
-    (("attn", "v_proj", "kernel"), "self_attn.v_proj.weight", True),
-    (("attn", "o_proj", "kernel"), "self_attn.o_proj.weight", True),
-    (("attn", "q_norm", "scale"), "self_attn.q_norm.weight", False),
-    (("attn", "k_norm", "scale"), "self_attn.k_norm.weight", False),
-    (("mlp", "gate_proj", "kernel"), "mlp.gate_proj.weight", True),
-    (("mlp", "up_proj", "kernel"), "mlp.up_proj.weight", True),
-    (("mlp", "down_proj", "kernel"), "mlp.down_proj.weight", True),
-)
-
+_LOAD_DTYPES = ("float32", "bfloat16", "float16")  # export: dtypes.PARAM_DTYPES
 
 def key_table(config: DrafterConfig) -> list[tuple[tuple, str, str]]:
     """[(our param path, checkpoint key, layout)] for every parameter of `config`.
@@ -70,8 +55,9 @@ def key_table(config: DrafterConfig) -> list[tuple[tuple, str, str]]:
         (("final_norm", "scale"), "norm.weight", "same"),
     ]
     for i in range(config.num_layers):
-        for path, key, transpose in _LAYER_KEYS:
-            rows.append((("layers", i) + path, f"layers.{i}.{key}", "T" if transpose else "same"))
+        for k in DECODER_LAYER_KEYS:
+            rows.append((("layers", i) + k.path, f"layers.{i}.{k.torch}",
+                         "T" if k.transposed else "same"))
     if config.mask_token_id is None:
         rows.append((("mask_embedding",), DBLAST_PREFIX + "mask_embedding", "same"))
     if config.expander_width > 0:
@@ -100,18 +86,6 @@ def _torch_shape(shape: tuple, layout: str) -> tuple:
     if layout == "T12":
         return tuple(shape[:-2]) + (shape[-1], shape[-2])
     return tuple(shape)
-
-
-def _get(tree, path):
-    for p in path:
-        tree = tree[p]
-    return tree
-
-
-def _set(tree, path, value):
-    for p in path[:-1]:
-        tree = tree.setdefault(p, {})
-    tree[path[-1]] = value
 
 
 # ---- config ---------------------------------------------------------------------------
@@ -305,15 +279,15 @@ def load_dflash(folder: str, target_config: TargetConfig, dtype=jnp.float32, *,
     extra = sorted(k for k in tensors if k not in expected)
     if extra:
         warnings.warn(f"{folder!r}: ignoring unexpected tensors {extra}")
-    np_dtype = _DTYPES[jnp.dtype(dtype).name]
+    np_dtype = dtype_from_name(jnp.dtype(dtype).name, _LOAD_DTYPES)
     params: Params = {}
     for path, key, layout in table:
-        want = tuple(_get(abstract, path).shape)
+        want = tuple(get_leaf(abstract, path).shape)
         arr = _from_torch_layout(tensors[key], layout)
         if tuple(arr.shape) != want:
             raise ValueError(f"{folder!r}: tensor {key} has shape {tuple(tensors[key].shape)} "
                              f"(torch layout); this config expects {_torch_shape(want, layout)}")
-        _set(params, path, jnp.asarray(arr.astype(np_dtype)))
+        set_leaf(params, path, jnp.asarray(arr.astype(np_dtype)))
     return config, params
 
 
@@ -384,13 +358,6 @@ def _classify_destination(folder: str) -> tuple[str, list[str]]:
     return "foreign", entries
 
 
-def _make_temp_dir(parent: str, name: str, kind: str) -> str:
-    # os.mkdir, not mkdtemp: a folder renamed into place keeps the umask's usual mode
-    path = os.path.join(parent, f".{name}.{kind}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    os.mkdir(path)
-    return path
-
-
 def _write_weights(tensors: dict[str, np.ndarray], path: str) -> None:
     from safetensors.numpy import save_file
     save_file(tensors, path, metadata={"format": "pt"})
@@ -399,14 +366,6 @@ def _write_weights(tensors: dict[str, np.ndarray], path: str) -> None:
 def _write_text(path: str, text: str) -> None:
     with open(path, "w") as f:
         f.write(text)
-
-
-def _fsync_file(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _move_into(tmp: str, folder: str, written: list[str], stale: list[str]) -> None:
@@ -538,11 +497,11 @@ def export_drafter(dparams: Params, drafter_config: DrafterConfig, folder: str,
     """
     if dtype not in ("float32", "bfloat16"):
         raise ValueError(f"export dtype must be 'float32' or 'bfloat16', got {dtype!r}")
-    np_dtype = _DTYPES[dtype]
+    np_dtype = dtype_from_name(dtype)
     tensors = {}
     for path, key, layout in key_table(drafter_config):
         try:
-            leaf = _get(dparams, path)
+            leaf = get_leaf(dparams, path)
         except (KeyError, IndexError, TypeError):
             raise ValueError(f"drafter params lack {'/'.join(map(str, path))} "
                              f"(checkpoint key {key}) required by the config") from None
@@ -576,7 +535,7 @@ def export_drafter(dparams: Params, drafter_config: DrafterConfig, folder: str,
             mode = default_file_mode()  # safetensors creates its files 0600
             for n in written:
                 os.chmod(os.path.join(tmp, n), mode)
-                _fsync_file(os.path.join(tmp, n))
+                fsync_file(os.path.join(tmp, n))
             fsync_dir(tmp)
             if state in ("absent", "empty") and not os.path.islink(folder):
                 os.rename(tmp, folder)  # onto an empty folder too: rename(2) replaces it

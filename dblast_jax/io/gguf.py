@@ -23,25 +23,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from dblast_jax.config import TargetConfig
+from dblast_jax.io.layer_keys import DECODER_LAYER_KEYS, get_leaf, set_leaf
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_ARCHITECTURES = ("llama", "qwen3")
 _PERMUTED_QK = {"llama": True, "qwen3": False}
 
-# GGUF per-layer tensor name -> (our path inside layers/{i}, transpose?)
-_LAYER_TENSORS = {
-    "attn_norm": (("input_norm", "scale"), False),
-    "attn_q": (("attn", "q_proj", "kernel"), True),
-    "attn_k": (("attn", "k_proj", "kernel"), True),
-    "attn_v": (("attn", "v_proj", "kernel"), True),
-    "attn_output": (("attn", "o_proj", "kernel"), True),
-    "attn_q_norm": (("attn", "q_norm", "scale"), False),
-    "attn_k_norm": (("attn", "k_norm", "scale"), False),
-    "ffn_norm": (("post_attn_norm", "scale"), False),
-    "ffn_gate": (("mlp", "gate_proj", "kernel"), True),
-    "ffn_up": (("mlp", "up_proj", "kernel"), True),
-    "ffn_down": (("mlp", "down_proj", "kernel"), True),
-}
+# GGUF per-layer tensor name -> (our path inside layers/{i}, transpose?), in write order
+_LAYER_TENSORS = {k.gguf: (k.path, k.transposed) for k in DECODER_LAYER_KEYS}
 _GLOBAL_TENSORS = {
     "token_embd": (("embed", "embedding"), False),
     "output_norm": (("final_norm", "scale"), False),
@@ -213,12 +202,6 @@ def _expected_shapes(config: TargetConfig) -> dict[tuple, tuple[int, ...]]:
     return shapes
 
 
-def _set(tree: dict, path: tuple, value) -> None:
-    for key in path[:-1]:
-        tree = tree.setdefault(key, {})
-    tree[path[-1]] = value
-
-
 def _dequantize(tensor) -> np.ndarray:
     gguf = _import_gguf()
     arr = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
@@ -267,7 +250,7 @@ def load_gguf(path: os.PathLike | str, dtype=jnp.float32, name: Optional[str] = 
                 f"{path}: tensor {tname!r} -> {'/'.join(map(str, ppath))} has shape "
                 f"{tuple(w.shape)} (after transposing to (in, out)) but the config "
                 f"expects {expected[ppath]}")
-        _set(params, ppath, jnp.asarray(w, dtype=dtype))
+        set_leaf(params, ppath, jnp.asarray(w, dtype=dtype))
         seen.add(ppath)
     missing = [p for p in expected if p not in seen]
     if missing:
@@ -345,28 +328,15 @@ def save_gguf(path: os.PathLike | str, config: TargetConfig, params: dict,
     for stem, (ppath, transpose) in _GLOBAL_TENSORS.items():
         if stem == "output" and config.tie_word_embeddings:
             continue
-        put(f"{stem}.weight", _get(params, ppath), ppath, transpose)
+        put(f"{stem}.weight", get_leaf(params, ppath), ppath, transpose)
     for i in range(config.num_layers):
         for stem, (sub, transpose) in _LAYER_TENSORS.items():
             if sub[-2:] in (("q_norm", "scale"), ("k_norm", "scale")) and not config.use_qk_norm:
                 continue
             ppath = ("layers", i) + sub
-            put(f"blk.{i}.{stem}.weight", _get(params, ppath), ppath, transpose)
+            put(f"blk.{i}.{stem}.weight", get_leaf(params, ppath), ppath, transpose)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return path
-
-
-def _get(tree: dict, path: tuple):
-    node = tree
-    for key in path:
-        try:
-            node = node[key]
-        except (KeyError, TypeError):
-            try:
-                node = node[str(key)]
-            except (KeyError, TypeError):
-                raise KeyError(f"params lack {'/'.join(map(str, path))}") from None
-    return node

@@ -16,7 +16,6 @@ import json
 import os
 import re
 import shutil
-import uuid
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional
 
@@ -25,6 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from dblast_jax.config import RopeScaling, TargetConfig
+from dblast_jax.io.atomic import make_temp_dir
+from dblast_jax.io.layer_keys import DECODER_LAYER_KEYS, get_leaf, set_leaf
 from dblast_jax.io.safetensors_io import CheckpointError, SafetensorsReader, write_safetensors
 from dblast_jax.models import target
 
@@ -40,17 +41,15 @@ _ARCH_TO_HF = {v: k for k, v in SUPPORTED_ARCHITECTURES.items()}
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
 
 # Placeholders in KEY_TABLE templates and what each may match.
-_FIELDS = {"i": r"\d+", "qkvo": "q|k|v|o", "qk": "q|k", "mlp": "gate|up|down"}
+_FIELDS = {"i": r"\d+"}
 
 # (HF key template, parameter path template, transform). "T" transposes a 2-D tensor
-# (torch [out, in] <-> our [in, out]); "" copies it. Both directions use this table.
+# (torch [out, in] <-> our [in, out]); "" copies it. Both directions use this table; the
+# decoder-layer rows come from the table all formats share (io.layer_keys).
 KEY_TABLE: tuple[tuple[str, str, str], ...] = (
     ("model.embed_tokens.weight", "embed/embedding", ""),
-    ("model.layers.{i}.input_layernorm.weight", "layers/{i}/input_norm/scale", ""),
-    ("model.layers.{i}.self_attn.{qkvo}_proj.weight", "layers/{i}/attn/{qkvo}_proj/kernel", "T"),
-    ("model.layers.{i}.self_attn.{qk}_norm.weight", "layers/{i}/attn/{qk}_norm/scale", ""),
-    ("model.layers.{i}.post_attention_layernorm.weight", "layers/{i}/post_attn_norm/scale", ""),
-    ("model.layers.{i}.mlp.{mlp}_proj.weight", "layers/{i}/mlp/{mlp}_proj/kernel", "T"),
+    *((f"model.layers.{{i}}.{k.torch}", "layers/{i}/" + "/".join(k.path),
+       "T" if k.transposed else "") for k in DECODER_LAYER_KEYS),
     ("model.norm.weight", "final_norm/scale", ""),
     ("lm_head.weight", "lm_head/kernel", "T"),
 )
@@ -280,22 +279,6 @@ def _flatten(tree: Mapping, prefix: str = "") -> Iterator[tuple[str, Any]]:
             yield path, tree[k]
 
 
-def _set(tree: dict, path: str, value: Any) -> None:
-    *parents, last = [int(p) if p.isdigit() else p for p in path.split("/")]
-    for p in parents:
-        tree = tree.setdefault(p, {})
-    tree[last] = value
-
-
-def _get(tree: Any, path: str) -> Any:
-    for p in path.split("/"):
-        key = int(p) if p.isdigit() else p
-        if not isinstance(tree, Mapping) or key not in tree:
-            raise KeyError(path)
-        tree = tree[key]
-    return tree
-
-
 def _names(keys, limit: int = 12) -> str:
     keys = sorted(keys)
     more = f" (and {len(keys) - limit} more)" if len(keys) > limit else ""
@@ -418,12 +401,12 @@ def load_hf(folder: str | os.PathLike, dtype: Any = jnp.float32, shardings: Any 
                     sharding = shardings
                 else:
                     try:
-                        sharding = _get(shardings, path)
+                        sharding = get_leaf(shardings, path)
                     except KeyError:
                         raise ValueError(f"shardings has no entry for parameter {path}") from None
                 shape = hf_shape[::-1] if transpose else hf_shape
                 leaf = _read_sharded(reader, key, transpose, shape, dtype, sharding)
-            _set(params, path, leaf)
+            set_leaf(params, path, leaf)
     return config, params
 
 
@@ -474,9 +457,7 @@ def save_hf(params: Params, config: TargetConfig, folder: str | os.PathLike,
     if exists_nonempty and not overwrite:
         raise CheckpointError(f"{folder} already exists and is not empty; pass overwrite=True")
     folder.parent.mkdir(parents=True, exist_ok=True)
-    # os.mkdir (not mkdtemp) so the renamed folder gets the usual umask permissions.
-    tmp = folder.parent / f".{folder.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
+    tmp = Path(make_temp_dir(folder.parent, folder.name, "tmp"))
     try:
         names = write_safetensors(tensors, tmp, max_shard_bytes)
         (tmp / "config.json").write_text(

@@ -18,9 +18,14 @@ Writes:
     is O(size) per row, fine for logs of a few MB (one row per `log_every` steps); a cut
     rewrite leaves the previous version, never half a line.
 
+Regenerated corpora (dblast_jax/data/corpus.py, regenerate.py) may be on gs:// too: their
+shards, `.done.json` records and manifest are written with the helpers here, and a shard
+is read whole into memory (`corpus.as_folder` gives epath paths for URIs).
+
 What still needs a local (or FUSE-mounted) path: feature caches (`np.load(mmap_mode)`
-needs a real file), corpora and regenerated data (dblast_jax/data), and the W&B run
-folder; see `require_local`.
+needs a real file), `.jsonl` data files, TFDS copies of a corpus, evaluation and
+`dblast validate --out` folders (refused on gs://), and the W&B run folder; see
+`require_local`.
 """
 
 from __future__ import annotations

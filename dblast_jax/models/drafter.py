@@ -37,7 +37,6 @@ recomputed in every draft pass and never stored.
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any, Optional
 
@@ -48,8 +47,10 @@ from flax import nnx
 
 from dblast_jax import sharding
 from dblast_jax.config import DrafterConfig, TargetConfig
+from dblast_jax.models import _nnx_params
 from dblast_jax.models import target as target_lib
 from dblast_jax.models.layers import DecoderLayer, RMSNorm, rope_inverse_frequencies
+from dblast_jax.models._nnx_params import dtype_of as _dtype_of
 from dblast_jax.models.target import KVCache
 
 Array = jax.Array
@@ -159,27 +160,8 @@ class Drafter(nnx.Module):
 
 # ---- params <-> module ------------------------------------------------------------------
 
-@functools.lru_cache(maxsize=None)
-def _graph_and_abstract_state(config: DrafterConfig, dtype_name: str):
-    abstract = nnx.eval_shape(lambda: Drafter(config, nnx.Rngs(0), jnp.dtype(dtype_name)))
-    return nnx.split(abstract)
-
-
-def _dtype_of(dparams: Params):
-    return jnp.asarray(dparams["final_norm"]["scale"]).dtype
-
-
 def _module(dparams: Params, config: DrafterConfig) -> Drafter:
-    graphdef, state = _graph_and_abstract_state(config, jnp.dtype(_dtype_of(dparams)).name)
-    state = jax.tree.map(lambda x: x, state)
-    nnx.replace_by_pure_dict(state, dparams)
-    return nnx.merge(graphdef, state)
-
-
-def _plain_dict(tree):
-    if isinstance(tree, dict) or hasattr(tree, "items"):
-        return {k: _plain_dict(v) for k, v in tree.items()}
-    return tree
+    return _nnx_params.module_from_params(Drafter, dparams, config)
 
 
 def check_drafter_fits_target(drafter_config: DrafterConfig,
@@ -212,8 +194,7 @@ def abstract_drafter_params(drafter_config: DrafterConfig,
     (restoring a training checkpoint needs no target)."""
     if target_config is not None:
         check_drafter_fits_target(drafter_config, target_config)
-    _, state = _graph_and_abstract_state(drafter_config, jnp.dtype(dtype).name)
-    return _plain_dict(nnx.to_pure_dict(state))
+    return _nnx_params.abstract_params(Drafter, drafter_config, dtype)
 
 
 def init_drafter_params(drafter_config: DrafterConfig, target_config: TargetConfig,

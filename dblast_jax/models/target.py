@@ -19,7 +19,6 @@ Padding and cache convention
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Sequence
 
 import jax
@@ -27,6 +26,8 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from dblast_jax.config import TargetConfig
+from dblast_jax.models import _nnx_params
+from dblast_jax.models._nnx_params import dtype_of as _dtype_of, plain_dict as _plain_dict
 from dblast_jax.models.layers import DecoderLayer, RMSNorm, attend, rope_inverse_frequencies
 
 Array = jax.Array
@@ -81,28 +82,13 @@ class TargetLM(nnx.Module):
 
 # ---- params <-> module ------------------------------------------------------------------
 
-@functools.lru_cache(maxsize=None)
-def _graph_and_abstract_state(config: TargetConfig, dtype_name: str):
-    abstract = nnx.eval_shape(lambda: TargetLM(config, nnx.Rngs(0), jnp.dtype(dtype_name)))
-    graphdef, state = nnx.split(abstract)
-    return graphdef, state
-
-
-def _dtype_of(params: Params):
-    return jnp.asarray(params["final_norm"]["scale"]).dtype
-
-
 def _module(params: Params, config: TargetConfig) -> TargetLM:
-    graphdef, state = _graph_and_abstract_state(config, jnp.dtype(_dtype_of(params)).name)
-    state = jax.tree.map(lambda x: x, state)  # fresh copy of the abstract state
-    nnx.replace_by_pure_dict(state, params)
-    return nnx.merge(graphdef, state)
+    return _nnx_params.module_from_params(TargetLM, params, config)
 
 
 def abstract_params(config: TargetConfig, dtype=jnp.float32) -> Params:
     """Parameter shapes/dtypes (`jax.ShapeDtypeStruct` leaves) without allocating."""
-    _, state = _graph_and_abstract_state(config, jnp.dtype(dtype).name)
-    return _plain_dict(nnx.to_pure_dict(state))
+    return _nnx_params.abstract_params(TargetLM, config, dtype)
 
 
 def init_params(config: TargetConfig, rng: Array | int = 0, dtype=jnp.float32) -> Params:
@@ -110,13 +96,6 @@ def init_params(config: TargetConfig, rng: Array | int = 0, dtype=jnp.float32) -
     seed = rng if isinstance(rng, int) else jax.random.randint(rng, (), 0, 2**31 - 1)
     model = TargetLM(config, nnx.Rngs(seed), jnp.dtype(dtype))
     return _plain_dict(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
-
-
-def _plain_dict(tree):
-    """Pure dicts from nnx use int keys for list entries; keep them, but as plain dicts."""
-    if isinstance(tree, dict) or hasattr(tree, "items"):
-        return {k: _plain_dict(v) for k, v in tree.items()}
-    return tree
 
 
 def num_params(params: Params) -> int:

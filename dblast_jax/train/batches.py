@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 
+from dblast_jax.data.corpus import is_corpus_folder, temperature_key
 # moved to objective; re-exported for existing imports
 from dblast_jax.train.objective import (  # noqa: F401
     block_labels, eligible_anchor_mask, gather_block, sample_anchors)
@@ -47,10 +48,6 @@ __all__ = [
 
 # ---- records ------------------------------------------------------------------------------
 
-def _temperature_key(t: float) -> str:
-    return f"{float(t):g}"
-
-
 def _pick_logp(value, where: str, verify_temperature: Optional[float]):
     """logp may be a list (taken as already at T_v) or {temperature: list}."""
     if isinstance(value, Mapping):
@@ -64,7 +61,7 @@ def _pick_logp(value, where: str, verify_temperature: Optional[float]):
             except ValueError:
                 continue
         raise ValueError(f"{where}: stored logp has temperatures {sorted(value)} but the "
-                         f"verify temperature is {_temperature_key(want)}; regenerate the "
+                         f"verify temperature is {temperature_key(want)}; regenerate the "
                          "corpus with it or set logp_source=target")
     return value
 
@@ -258,8 +255,8 @@ def make_source(data: str, *, vocab_size: int, block_size: int, seq_len: int,
     if data.endswith(".jsonl"):
         return ListSource(load_jsonl(data, verify_temperature), name=data,
                           verify_temperature=verify_temperature)
-    if os.path.isdir(data) and os.path.exists(os.path.join(data, "manifest.json")):
-        from dblast_jax.data.corpus import Corpus  # a `dblast data regenerate` folder
+    if is_corpus_folder(data):  # a `dblast data regenerate` folder (local or gs://...)
+        from dblast_jax.data.corpus import Corpus
         return Corpus(data, verify_temperature=verify_temperature,
                       max_shards=corpus_shards or None, first_shard=corpus_first_shard)
     if os.path.isdir(data) and os.path.exists(os.path.join(data, "dataset_info.json")):

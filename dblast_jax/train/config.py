@@ -16,10 +16,10 @@ import typing
 from typing import Any, Iterable, Optional
 
 from dblast_jax.config import DrafterConfig, TargetConfig
+from dblast_jax.dtypes import PARAM_DTYPES  # noqa: F401  (re-exported)
 
 LOSSES = ("dflash", "nll", "nll+al")
 LOGP_SOURCES = ("auto", "data", "target")
-PARAM_DTYPES = ("float32", "bfloat16")
 NONFINITE_POLICIES = ("error", "skip")
 
 

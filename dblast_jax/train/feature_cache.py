@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dblast_jax.config import TargetConfig
+from dblast_jax.io.atomic import atomic_write_text
 from dblast_jax.models import target as target_lib
 from dblast_jax.train import batches as batches_lib
 from dblast_jax.train import distill
@@ -57,9 +58,7 @@ def check_local(folder: os.PathLike | str) -> None:
 
 
 def _atomic_json(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True))
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(obj, indent=1, sort_keys=True))
 
 
 def records_digest(source: Any, seq_len: int) -> str:

@@ -38,6 +38,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from dblast_jax import errors
 from dblast_jax import sharding as sharding_lib
 from dblast_jax.config import DrafterConfig
+from dblast_jax.dtypes import dtype_from_name
 from dblast_jax.io import paths
 from dblast_jax.models import drafter as drafter_lib
 from dblast_jax.train import checkpoint as ckpt_lib
@@ -180,7 +181,7 @@ def restore_drafter(workdir: str, *, mesh: Optional[Mesh] = None, step: Optional
                          f"{ckpt_lib.CONFIG_FILE}); pass the --workdir of `dblast train`")
     config = TrainConfig.from_dict(saved)
     dcfg, identity = _drafter_config(workdir, config)
-    dtype = {"float32": np.float32, "bfloat16": jax.numpy.bfloat16}[config.param_dtype]
+    dtype = dtype_from_name(config.param_dtype)
     mesh = mesh if mesh is not None else restore_mesh(tuple(config.mesh))
     abstract = drafter_lib.abstract_drafter_params(dcfg, None, dtype)
     specs = drafter_lib.drafter_partition_specs(abstract, mesh)

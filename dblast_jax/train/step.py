@@ -14,6 +14,7 @@ from jax.sharding import Mesh
 
 from dblast_jax import sharding as sharding_lib
 from dblast_jax.config import DrafterConfig, TargetConfig
+from dblast_jax.dtypes import dtype_from_name
 from dblast_jax.models import drafter as drafter_lib
 from dblast_jax.models import target as target_lib
 from dblast_jax.train.config import TrainConfig
@@ -195,7 +196,7 @@ def step_memory_analysis(config: TrainConfig, target_config: TargetConfig,
     logits_chunk_size = vocab (one chunk: the [rows, V] logits exist, as naive code
     would hold them) with a small chunk to see the saving."""
     dcfg = drafter_config or config.drafter_config(target_config)
-    dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[config.param_dtype]
+    dtype = dtype_from_name(config.param_dtype)
     mode = "target" if (config.uses_al or config.track_al) else None
     step_fn = make_train_step(config, dcfg, target_config, mode)
     tx, _ = make_optimizer(config)

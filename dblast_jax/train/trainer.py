@@ -42,6 +42,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from dblast_jax import sharding as sharding_lib
 from dblast_jax.config import DrafterConfig, TargetConfig
+from dblast_jax.dtypes import dtype_from_name
 from dblast_jax.models import drafter as drafter_lib
 from dblast_jax.train import batches as batches_lib
 from dblast_jax.train import metric_writers
@@ -96,7 +97,7 @@ def resolve_target(target: Any, config: TrainConfig):
         if not config.target:
             raise ValueError("no target: set target (--target PRESET_OR_PATH)")
         from dblast_jax.generation import load_target
-        dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[config.param_dtype]
+        dtype = dtype_from_name(config.param_dtype)
         target = load_target(config.target, dtype=dtype)
     if hasattr(target, "config") and hasattr(target, "params"):
         return target.config, target.params, getattr(target, "name", target.config.name)
@@ -192,7 +193,7 @@ class Trainer:
         self.workdir = paths.normalize(workdir)  # local: absolute; or gs://...
         check_workdir(self.workdir, self.identity)
         self.mesh = mesh if mesh is not None else sharding_lib.make_mesh(*config.mesh)
-        self.dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[config.param_dtype]
+        self.dtype = dtype_from_name(config.param_dtype)
         batch_shape = (config.batch_size, config.seq_len)
         self.rows = sharding_lib.process_row_range(self.batch_row_sharding(batch_shape),
                                                    batch_shape)
@@ -383,9 +384,7 @@ class Trainer:
             if len(keep) == len(lines) and not dropped and (
                     not keep or paths.read_bytes(path).endswith(b"\n")):
                 return  # nothing to drop: leave it untouched
-            paths.atomic_write_text(path, "".join(ln + "\n" for ln in keep))
-            return
-        if len(keep) == len(lines) and not dropped:
+        elif len(keep) == len(lines) and not dropped:
             with open(path, "rb") as f:
                 f.seek(0, os.SEEK_END)
                 if f.tell() == 0:
@@ -393,10 +392,7 @@ class Trainer:
                 f.seek(-1, os.SEEK_END)
                 if f.read(1) == b"\n":
                     return  # nothing to drop, ends with a newline: leave it untouched
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            f.writelines(ln + "\n" for ln in keep)
-        os.replace(tmp, path)
+        paths.atomic_write_text(path, "".join(ln + "\n" for ln in keep))
 
     def _append_row(self, path: str, row: Mapping[str, Any], step: int) -> None:
         """One JSON line appended to a workdir log (primary process). On an object store

@@ -28,6 +28,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from dblast_jax.config import TargetConfig
+from dblast_jax.data.corpus import is_corpus_folder
 from dblast_jax.train import batches as batches_lib
 from dblast_jax.train.config import TrainConfig, parse_shard_range
 
@@ -51,8 +52,7 @@ def make_validation_source(config: TrainConfig, target_config: TargetConfig,
     if data == "synthetic" and shards:
         raise ValueError("shards select part of a corpus folder; synthetic validation data "
                          "are fresh draws")
-    if shards and not (os.path.isdir(data)
-                       and os.path.exists(os.path.join(data, "manifest.json"))):
+    if shards and not is_corpus_folder(data):  # local or gs://...
         raise ValueError(f"validation shards {shards!r} need a corpus folder; {data!r} is not "
                          "one")
     return batches_lib.make_source(

@@ -20,25 +20,13 @@ import jax
 import numpy as np
 
 from dblast_jax.config import DrafterConfig, TargetConfig
+from dblast_jax.io.layer_keys import get_leaf, set_leaf
 
 Params = dict[str, Any]
 
 _COPIED = ("input_norm/scale", "post_attn_norm/scale", "attn/q_proj/kernel",
            "attn/k_proj/kernel", "attn/v_proj/kernel", "attn/o_proj/kernel",
            "mlp/gate_proj/kernel", "mlp/up_proj/kernel", "mlp/down_proj/kernel")
-
-
-def _get(tree: Params, path: str):
-    for key in path.split("/"):
-        tree = tree[int(key) if key.isdigit() and int(key) in tree else key]
-    return tree
-
-
-def _set(tree: Params, path: str, value) -> None:
-    keys = path.split("/")
-    for key in keys[:-1]:
-        tree = tree[int(key) if key.isdigit() and int(key) in tree else key]
-    tree[keys[-1]] = value
 
 
 def source_layers(drafter_config: DrafterConfig, target_config: TargetConfig) -> list[int]:
@@ -57,19 +45,19 @@ def warm_start_from_target(dparams: Params, tparams: Params, drafter_config: Dra
     layers = source_layers(drafter_config, target_config)
 
     def put(dst: str, value) -> None:
-        want = np.shape(_get(out, dst))
+        want = np.shape(get_leaf(out, dst))
         value = np.asarray(jax.device_get(value), np.float32)
         if value.shape != want:
             raise ValueError(f"warm start: target tensor for {dst} is {value.shape}, the "
                              f"drafter's {want}; drafter_init='target' needs the target's "
                              "layer shape (hidden, heads, FFN)")
-        _set(out, dst, value.astype(dtype))
+        set_leaf(out, dst, value.astype(dtype))
 
     for i, src in enumerate(layers):
         for name in _COPIED:
-            put(f"layers/{i}/{name}", _get(tparams, f"layers/{src}/{name}"))
-    put("hidden_norm/scale", _get(tparams, f"layers/{layers[0]}/input_norm/scale"))
-    put("final_norm/scale", _get(tparams, "final_norm/scale"))
+            put(f"layers/{i}/{name}", get_leaf(tparams, f"layers/{src}/{name}"))
+    put("hidden_norm/scale", get_leaf(tparams, f"layers/{layers[0]}/input_norm/scale"))
+    put("final_norm/scale", get_leaf(tparams, "final_norm/scale"))
     h = target_config.hidden_size
     ids = list(drafter_config.target_layer_ids)
     fc = np.zeros((len(ids) * h, h), np.float32)
