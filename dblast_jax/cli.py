@@ -25,6 +25,7 @@ from typing import Optional, Sequence
 
 from dblast_jax import errors
 from dblast_jax.config import VERIFY_MODES
+from dblast_jax.distributed import add_cluster_args
 
 
 # ---- argument types: refuse nan / inf and out-of-range values at parse time ---------------
@@ -91,27 +92,13 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
-def _add_cluster_args(p: argparse.ArgumentParser, share: str) -> None:
-    """The flags of a run over several processes (one per host), as `dblast data
-    regenerate` / launch/train.py take them."""
-    g = p.add_argument_group(f"several processes (one per host; {share})")
-    g.add_argument("--coordinator-address", help="host:port of process 0; env "
-                   "JAX_COORDINATOR_ADDRESS")
-    g.add_argument("--num-processes", type=int, help="env JAX_NUM_PROCESSES")
-    g.add_argument("--process-id", type=int, help="env JAX_PROCESS_ID")
-    g.add_argument("--auto-distributed", action="store_true",
-                   help="jax.distributed.initialize() with cluster detection (TPU pods, SLURM)")
-    g.add_argument("--cpu-collectives", default="gloo", help=argparse.SUPPRESS)
-
-
 def _initialize(args) -> int:
     """Start this process's part of a multi-process run (a no-op for one); returns this
     process's index."""
     import jax
 
-    from dblast_jax.distributed import initialize
-    initialize(args.coordinator_address, args.num_processes, args.process_id,
-               auto=args.auto_distributed, cpu_collectives=args.cpu_collectives)
+    from dblast_jax.distributed import initialize_from
+    initialize_from(args)
     return jax.process_index()
 
 
@@ -373,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "prompts split over data, weights over fsdp / tensor; same tokens as one "
                    "device")
     p.add_argument("--no-progress", action="store_true")
-    _add_cluster_args(p, "the units of work are shared out, --out must be one shared "
+    add_cluster_args(p, "the units of work are shared out, --out must be one shared "
                       "folder")
     p.set_defaults(func=_cmd_eval)
 
@@ -399,7 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=local_folder,
                    help="local folder for validation.json / validation.md")
     p.add_argument("--no-progress", action="store_true")
-    _add_cluster_args(p, "the batches are shared out; process 0 writes --out")
+    add_cluster_args(p, "the batches are shared out; process 0 writes --out")
     p.set_defaults(func=_cmd_validate)
 
     p = sub.add_parser("demo", help="the whole pipeline on an embedded default (~11 min "

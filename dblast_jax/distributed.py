@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-__all__ = ["initialize", "local_mesh"]
+__all__ = ["initialize", "local_mesh", "mesh_shape", "define_cluster_flags",
+           "add_cluster_args", "initialize_from"]
 
 
 def _env_int(name: str) -> Optional[int]:
@@ -47,13 +48,44 @@ def initialize(coordinator_address: Optional[str] = None, num_processes: Optiona
     return num
 
 
-def local_mesh(spec: Optional[str]):
-    """'data,fsdp,tensor' (e.g. '2,1,1' or '-1,1,1') -> a Mesh over *this process's*
-    devices (a per-process job such as corpus regeneration needs no cross-process
-    collectives); None or '' -> None (one device)."""
-    import jax
+def initialize_from(opts) -> int:
+    """`initialize` from parsed flags / arguments that `define_cluster_flags` or
+    `add_cluster_args` declared (absl FLAGS or an argparse namespace)."""
+    return initialize(opts.coordinator_address, opts.num_processes, opts.process_id,
+                      auto=opts.auto_distributed, cpu_collectives=opts.cpu_collectives)
 
-    from dblast_jax import sharding
+
+def define_cluster_flags() -> None:
+    """The absl flags of a run over several processes (one per host), the same in every
+    launcher in launch/."""
+    from absl import flags
+    flags.DEFINE_string("coordinator_address", None, "host:port of process 0 "
+                        "(multi-process); env JAX_COORDINATOR_ADDRESS")
+    flags.DEFINE_integer("num_processes", None, "number of processes; env JAX_NUM_PROCESSES")
+    flags.DEFINE_integer("process_id", None, "this process's index; env JAX_PROCESS_ID")
+    flags.DEFINE_bool("auto_distributed", False, "jax.distributed.initialize() with no "
+                      "arguments (Cloud TPU pods, SLURM: the cluster is detected)")
+    flags.DEFINE_string("cpu_collectives", "gloo", "CPU cross-process collectives "
+                        "(multi-process CPU runs)")
+
+
+def add_cluster_args(parser, share: str) -> None:
+    """The same flags for an argparse (`dblast`) sub-command; `share` says how the work
+    is shared out."""
+    import argparse
+    g = parser.add_argument_group(f"several processes (one per host; {share})")
+    g.add_argument("--coordinator-address", help="host:port of process 0; env "
+                   "JAX_COORDINATOR_ADDRESS")
+    g.add_argument("--num-processes", type=int, help="env JAX_NUM_PROCESSES")
+    g.add_argument("--process-id", type=int, help="env JAX_PROCESS_ID")
+    g.add_argument("--auto-distributed", action="store_true",
+                   help="jax.distributed.initialize() with cluster detection (TPU pods, SLURM)")
+    g.add_argument("--cpu-collectives", default="gloo", help=argparse.SUPPRESS)
+
+
+def mesh_shape(spec: Optional[str]) -> Optional[tuple[int, int, int]]:
+    """'data,fsdp,tensor' (e.g. '2,2,2' or '-1,1,1') -> its three integers; None or ''
+    -> None. ValueError names the expected form."""
     if not spec:
         return None
     try:
@@ -62,5 +94,16 @@ def local_mesh(spec: Optional[str]):
         shape = ()
     if len(shape) != 3:
         raise ValueError(f"mesh {spec!r}: expected three integers data,fsdp,tensor "
-                         "(e.g. 2,1,1 or -1,1,1)")
-    return sharding.make_mesh(*shape, devices=jax.local_devices())
+                         "(e.g. 2,2,2 or -1,1,1)")
+    return shape
+
+
+def local_mesh(spec: Optional[str]):
+    """'data,fsdp,tensor' (e.g. '2,1,1' or '-1,1,1') -> a Mesh over *this process's*
+    devices (a per-process job such as corpus regeneration needs no cross-process
+    collectives); None or '' -> None (one device)."""
+    import jax
+
+    from dblast_jax import sharding
+    shape = mesh_shape(spec)
+    return None if shape is None else sharding.make_mesh(*shape, devices=jax.local_devices())

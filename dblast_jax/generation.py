@@ -120,19 +120,12 @@ class GenerationResult:
 # ---- meshes ------------------------------------------------------------------------------
 
 def parse_mesh(spec: Optional[str]):
-    """'data,fsdp,tensor' (e.g. '2,2,2' or '-1,1,1') -> a Mesh over this process's
-    devices; None or '' -> None (one device)."""
+    """'data,fsdp,tensor' (e.g. '2,2,2' or '-1,1,1') -> a Mesh over all devices (every
+    host's, in a multi-process run); None or '' -> None (one device)."""
     from dblast_jax import sharding
-    if not spec:
-        return None
-    try:
-        shape = tuple(int(x) for x in str(spec).split(","))
-    except ValueError:
-        shape = ()
-    if len(shape) != 3:
-        raise ValueError(f"mesh {spec!r}: expected three integers data,fsdp,tensor "
-                         "(e.g. 2,2,2 or -1,1,1)")
-    return sharding.make_mesh(*shape)
+    from dblast_jax.distributed import mesh_shape
+    shape = mesh_shape(spec)
+    return None if shape is None else sharding.make_mesh(*shape)
 
 
 def on_mesh(model: Union["Target", "Drafter"], mesh) -> Union["Target", "Drafter"]:

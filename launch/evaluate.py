@@ -24,7 +24,7 @@ try:
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from dblast_jax import errors  # noqa: E402  (after the checkout fallback above)
+from dblast_jax import distributed, errors  # noqa: E402  (after the checkout fallback)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_bool("debug", False, "show the traceback of every error, expected ones too "
@@ -48,14 +48,7 @@ flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "parameter dtype"
 flags.DEFINE_string("mesh", None, "data,fsdp,tensor mesh of this process's devices for "
                     "decoding (e.g. 2,2,2 or -1,1,1): prompts over data, weights over fsdp / "
                     "tensor")
-flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-process); "
-                    "env JAX_COORDINATOR_ADDRESS")
-flags.DEFINE_integer("num_processes", None, "number of processes; env JAX_NUM_PROCESSES")
-flags.DEFINE_integer("process_id", None, "this process's index; env JAX_PROCESS_ID")
-flags.DEFINE_bool("auto_distributed", False, "jax.distributed.initialize() with no arguments "
-                  "(Cloud TPU pods, SLURM: the cluster is detected)")
-flags.DEFINE_string("cpu_collectives", "gloo", "CPU cross-process collectives (multi-process "
-                    "CPU runs)")
+distributed.define_cluster_flags()
 flags.DEFINE_bool("progress", True, "tqdm progress bar (process 0)")
 
 
@@ -63,7 +56,7 @@ def main(argv):
     del argv
     import jax
 
-    from dblast_jax.distributed import initialize, local_mesh
+    from dblast_jax.distributed import local_mesh
     from dblast_jax.dtypes import dtype_from_name
     from dblast_jax.evaluate import run_evaluation, table_markdown
     from dblast_jax.generation import load_target, named_drafters, on_mesh, parse_drafter_spec
@@ -75,8 +68,7 @@ def main(argv):
         raise ValueError(f"--baseline={FLAGS.baseline!r} is not one of the --drafter names "
                          f"{names}; pass --baseline=NAME with one of them")
     dtype = dtype_from_name(FLAGS.dtype)
-    initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
-               auto=FLAGS.auto_distributed, cpu_collectives=FLAGS.cpu_collectives)
+    distributed.initialize_from(FLAGS)
     mesh = local_mesh(FLAGS.mesh)  # this process's devices: each decodes its own units
     target = load_target(FLAGS.model, dtype=dtype)
     drafters = {name: on_mesh(d, mesh)

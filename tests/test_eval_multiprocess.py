@@ -14,11 +14,11 @@ row was lost (a cut line in a process's rows file) and changes nothing else.
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 
 import pytest
+from conftest import cpu_process_env, free_port  # tests/ is on sys.path
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT = 300
@@ -81,26 +81,9 @@ def _script(out: str, cluster: list) -> None:
         (out / "validate_one_batch.json").write_text(json.dumps(one))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
-
-
-def _env(cache: str) -> dict:
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-    env["JAX_COMPILATION_CACHE_DIR"] = cache  # every run compiles the same programs
-    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-    env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
-    return env
-
-
 def _start(root, out, nproc: int, tag: str) -> list:
     """Start `nproc` processes of a run on OUT: [(process, log file)]."""
-    port = _free_port()
+    port = free_port()
     started = []
     for i in range(nproc):
         cluster = ([] if nproc == 1 else
@@ -109,7 +92,8 @@ def _start(root, out, nproc: int, tag: str) -> list:
         log = open(root / f"{tag}_{i}.log", "w+")
         started.append((subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), str(out), *cluster],
-            cwd=REPO, env=_env(str(root / "jax_cache")), stdout=log, stderr=subprocess.STDOUT),
+            cwd=REPO, env=cpu_process_env(1, str(root / "jax_cache")), stdout=log,
+            stderr=subprocess.STDOUT),
             log))
     return started
 

@@ -72,6 +72,7 @@ def _ranges() -> dict[str, SpecifierSet]:
             re.findall(r'"(jax|jaxlib|numpy)([<>=!~][^"]*)"', text)}
 
 
+@pytest.mark.slow  # a wheel build + a fresh venv from PyPI: ~1 min, on demand
 def test_notebook_install_cell_from_a_wheel_in_a_fresh_venv(tmp_path):
     started = time.perf_counter()
     wheel_file = _build_wheel(tmp_path)

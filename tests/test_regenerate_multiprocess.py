@@ -12,7 +12,6 @@ process's devices (conftest.py's 8 fake CPU devices) gives the one-device tokens
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ import pytest
 from dblast_jax.data import corpus as corpus_io
 from dblast_jax.data import regenerate as regen
 from dblast_jax.generation import load_target
+from conftest import cpu_process_env, free_port  # tests/ is on sys.path
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCH = os.path.join(REPO, "launch", "make_data.py")
@@ -30,25 +30,6 @@ TIMEOUT = 300
 # Timings are the only manifest fields that may differ between runs: per shard
 # `seconds`, `generate_seconds`, `score_seconds`; `totals.generation_seconds`.
 TIMING_FIELDS = ("seconds", "generate_seconds", "score_seconds")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
-
-
-def _env(cache: str, extra=None) -> dict:
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-    # every run compiles the same two programs: a persistent cache saves most of the time
-    env["JAX_COMPILATION_CACHE_DIR"] = cache
-    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-    env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
-    env.update(extra or {})
-    return env
 
 
 _rng = np.random.default_rng(1)
@@ -74,12 +55,12 @@ def work(tmp_path_factory):
 
 def _start(args, log, root, extra_env=None):
     return subprocess.Popen([sys.executable, LAUNCH, *args], cwd=REPO,
-                            env=_env(str(root / "jax_cache"), extra_env),
+                            env=cpu_process_env(1, str(root / "jax_cache"), extra_env),
                             stdout=log, stderr=subprocess.STDOUT)
 
 
 def _start_pair(flags, out, root, tag, env1=None):
-    port = _free_port()
+    port = free_port()
     logs = [open(root / f"{tag}_{i}.log", "w+") for i in range(2)]
     procs = [_start([*flags, f"--out={out}", "--num_processes=2", f"--process_id={i}",
                      f"--coordinator_address=localhost:{port}"], logs[i], root,

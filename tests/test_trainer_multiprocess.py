@@ -10,12 +10,12 @@ on, so the scan path runs under a cross-process mesh too.
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from conftest import cpu_process_env, free_port  # tests/ is on sys.path
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCH = os.path.join(REPO, "launch", "train.py")
@@ -24,33 +24,14 @@ COMMON = ["--override=num_steps=4", "--override=checkpoint_every=2",
 TIMEOUT = 420
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
-
-
-def _env(devices: int, cache: str) -> dict:
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-    # The resumed processes run the same programs: a persistent compilation cache saves
-    # them the compile (and the test most of its time).
-    env["JAX_COMPILATION_CACHE_DIR"] = cache
-    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-    env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
-    return env
-
-
 def _start(args, devices, log, tmp_path):
     return subprocess.Popen([sys.executable, LAUNCH, *args], cwd=REPO,
-                            env=_env(devices, str(tmp_path / "jax_cache")),
+                            env=cpu_process_env(devices, str(tmp_path / "jax_cache")),
                             stdout=log, stderr=subprocess.STDOUT)
 
 
 def _run_pair(args, workdir, tmp_path, tag):
-    port = _free_port()
+    port = free_port()
     logs = [open(tmp_path / f"{tag}_{i}.log", "w+") for i in range(2)]
     procs = [_start([*args, f"--workdir={workdir}", "--num_processes=2", f"--process_id={i}",
                      f"--coordinator_address=localhost:{port}"], 1, logs[i], tmp_path)

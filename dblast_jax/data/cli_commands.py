@@ -9,6 +9,8 @@ import sys
 import time
 from typing import Optional, Sequence
 
+from dblast_jax.distributed import add_cluster_args, initialize_from
+
 __all__ = ["add_data_subcommands", "cmd_data_fetch", "cmd_data_regenerate", "cmd_data_stats",
            "cmd_data_tfds",
            "run_regenerate"]
@@ -112,9 +114,7 @@ def run_regenerate(model: str, out: str, *, pools: Optional[Sequence[str]] = Non
 def cmd_data_regenerate(args) -> int:
     import jax
 
-    from dblast_jax.distributed import initialize
-    initialize(args.coordinator_address, args.num_processes, args.process_id,
-               auto=args.auto_distributed, cpu_collectives=args.cpu_collectives)
+    initialize_from(args)
     manifest = run_regenerate(
         args.model, args.out, pools=_names(args.pools), limit=args.limit,
         gen_temperatures=args.gen_temperatures, verify_temperatures=args.verify_temperatures,
@@ -196,15 +196,7 @@ def add_data_subcommands(subparsers) -> argparse.ArgumentParser:
                    help="device mesh over this process's devices, e.g. -1,1,1 (batches split "
                         "over the data axis; the answers equal a one-device run's, the "
                         "log-probs agree to float rounding)")
-    g = p.add_argument_group("several processes (one per host; the shards are shared out, "
-                             "--out must be one shared folder)")
-    g.add_argument("--coordinator-address", help="host:port of process 0; env "
-                   "JAX_COORDINATOR_ADDRESS")
-    g.add_argument("--num-processes", type=int, help="env JAX_NUM_PROCESSES")
-    g.add_argument("--process-id", type=int, help="env JAX_PROCESS_ID")
-    g.add_argument("--auto-distributed", action="store_true",
-                   help="jax.distributed.initialize() with cluster detection (TPU pods, SLURM)")
-    g.add_argument("--cpu-collectives", default="gloo", help=argparse.SUPPRESS)
+    add_cluster_args(p, "the shards are shared out, --out must be one shared folder")
     p.set_defaults(func=cmd_data_regenerate)
 
     p = sub.add_parser("tfds", help="TFDS (array_record) copies of a corpus / prompt sets, "

@@ -244,16 +244,12 @@ def restore_drafter(workdir: str, *, mesh: Optional[Mesh] = None, step: Optional
     return RestoredDrafter(params, dcfg, config, int(step), mesh, workdir)
 
 
-def export_workdir(workdir: str, folder: str, *, dtype: Optional[str] = None,
-                   force: bool = False, mesh: Optional[Mesh] = None,
-                   step: Optional[int] = None, log: Callable[[str], None] = print) -> str:
-    """Write a training workdir's drafter (its latest checkpoint) in the DFlash layout,
-    as `Trainer.export` does at the end of a run, on whatever devices are present.
-    dtype: 'float32' / 'bfloat16' (default: the training dtype); `force`: see
-    io.dflash.export_drafter. Non-finite parameters are refused."""
+def export_params(params: Any, drafter_config, folder: str, *, dtype: str,
+                  force: bool = False, log: Callable[[str], None] = print) -> str:
+    """The one export path of a trained drafter (Trainer.export and export_workdir):
+    refuse non-finite parameters, write the DFlash layout from process 0, then a barrier.
+    params: host (numpy) pytree."""
     from dblast_jax.io.dflash import export_drafter
-    restored = restore_drafter(workdir, mesh=mesh, step=step, log=log)
-    params = restored.params_host()
     bad = [jax.tree_util.keystr(path) for path, x in
            jax.tree_util.tree_leaves_with_path(params) if not np.all(np.isfinite(x))]
     if bad:
@@ -262,10 +258,22 @@ def export_workdir(workdir: str, folder: str, *, dtype: Optional[str] = None,
                              f"({', '.join(bad[:4])}) to {folder}; export an earlier "
                              "checkpoint or retrain with a lower learning_rate")
     if jax.process_index() == 0:
-        export_drafter(params, restored.drafter_config, folder,
-                       dtype=dtype or restored.train_config.param_dtype, force=force)
+        export_drafter(params, drafter_config, folder, dtype=dtype, force=force)
         log(f"exported drafter to {folder}")
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
-        multihost_utils.sync_global_devices("dblast_export_workdir")
+        multihost_utils.sync_global_devices("dblast_export")
+    return folder
+
+
+def export_workdir(workdir: str, folder: str, *, dtype: Optional[str] = None,
+                   force: bool = False, mesh: Optional[Mesh] = None,
+                   step: Optional[int] = None, log: Callable[[str], None] = print) -> str:
+    """Write a training workdir's drafter (its latest checkpoint) in the DFlash layout,
+    as `Trainer.export` does at the end of a run, on whatever devices are present.
+    dtype: 'float32' / 'bfloat16' (default: the training dtype); `force`: see
+    io.dflash.export_drafter. Non-finite parameters are refused."""
+    restored = restore_drafter(workdir, mesh=mesh, step=step, log=log)
+    export_params(restored.params_host(), restored.drafter_config, folder,
+                  dtype=dtype or restored.train_config.param_dtype, force=force, log=log)
     return folder

@@ -652,25 +652,12 @@ class Trainer:
         dtype 'float32' / 'bfloat16' (default: the training parameters' dtype); `force`:
         see dflash.export_drafter (a folder that is not empty and not a previous export)."""
         try:
-            from dblast_jax.io.dflash import export_drafter
+            from dblast_jax.train.restore import export_params
         except ImportError as e:  # the export module is optional
             self.log(f"export skipped: dblast_jax.io.dflash unavailable ({e})")
             return None
-        params = self.params_host()
-        bad = [jax.tree_util.keystr(path) for path, x in
-               jax.tree_util.tree_leaves_with_path(params) if not np.all(np.isfinite(x))]
-        if bad:
-            raise NonFiniteError(f"refusing to export a drafter with non-finite parameters "
-                                 f"({', '.join(bad[:4])}) to {folder}; export an earlier "
-                                 "checkpoint or retrain with a lower learning_rate")
-        if jax.process_index() == 0:
-            export_drafter(params, self.drafter_config, folder,
-                           dtype=dtype or self.config.param_dtype, force=force)
-            self.log(f"exported drafter to {folder}")
-        if jax.process_count() > 1:
-            from jax.experimental import multihost_utils
-            multihost_utils.sync_global_devices("dblast_export")
-        return folder
+        return export_params(self.params_host(), self.drafter_config, folder,
+                             dtype=dtype or self.config.param_dtype, force=force, log=self.log)
 
     def _live_metrics(self) -> metric_writers.MetricWriter:
         """The TensorBoard / W&B writers of the config (train/metric_writers.py), opened
