@@ -18,7 +18,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import cpu_process_env, free_port  # tests/ is on sys.path
+from conftest import check_process_outputs, cpu_process_env, free_port  # tests/ is on sys.path
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT = 300
@@ -112,13 +112,7 @@ def _finish(started, tag: str) -> list:
         log.seek(0)
         outs.append(log.read())
         log.close()
-    if any(p.returncode for p, _ in started):
-        text = "\n".join(outs)
-        if "gloo" in text.lower() and ("not" in text.lower() or "unknown" in text.lower()):
-            pytest.skip(f"{tag}: this jax build cannot run CPU cross-process collectives "
-                        f"(gloo): {text[-400:]}")
-        raise AssertionError(f"{tag} failed:\n" + "\n---\n".join(o[-3000:] for o in outs))
-    return outs
+    return check_process_outputs([p.returncode for p, _ in started], outs, tag)
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ import pytest
 from dblast_jax.data import corpus as corpus_io
 from dblast_jax.data import regenerate as regen
 from dblast_jax.generation import load_target
-from conftest import cpu_process_env, free_port  # tests/ is on sys.path
+from conftest import check_process_outputs, cpu_process_env, free_port  # tests/ is on sys.path
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCH = os.path.join(REPO, "launch", "make_data.py")
@@ -85,13 +85,7 @@ def _finish(procs, logs, what):
                 q.kill()
             raise
     outs = [_read(log) for log in logs]
-    if any(p.returncode for p in procs):
-        text = "\n".join(outs)
-        if "gloo" in text.lower() and ("not" in text.lower() or "unknown" in text.lower()):
-            pytest.skip(f"{what}: this jax build cannot run CPU cross-process collectives "
-                        f"(gloo): {text[-400:]}")
-        raise AssertionError(f"{what} failed:\n" + "\n---\n".join(o[-3000:] for o in outs))
-    return outs
+    return check_process_outputs([p.returncode for p in procs], outs, what)
 
 
 def _shards(folder):
