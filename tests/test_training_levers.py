@@ -183,3 +183,42 @@ def test_warm_start_copies_the_layer_after_the_deepest_tap(corpus, tmp_path):  #
     assert np.isfinite(result.history[-1]["loss"])
     with pytest.raises(ValueError, match="drafter_init"):
         _cfg(corpus, "drafter_init=copy")
+
+
+def test_warm_start_from_a_k1_drafter_copies_its_trunk_into_k4(corpus, tmp_path):  # noqa: F811
+    """drafter_init=drafter:WORKDIR (or an export folder): a K = 4 run starts from a trained
+    K = 1 drafter's tensors, its category heads from their own initialisation."""
+    from dblast_jax.train import restore, warm_start
+    from conftest import tiny_target
+
+    def trainer(cfg, name):
+        return TR.Trainer(cfg, str(tmp_path / name), target=tiny_target(), progress=False,
+                          log=lambda s: None)
+
+    _train(_cfg(corpus, "num_steps=1", "checkpoint_every=1"), tmp_path / "k1")
+    src = warm_start._flat(restore.restore_drafter(str(tmp_path / "k1"),
+                                                   log=lambda s: None).params_host())
+    restore.export_workdir(str(tmp_path / "k1"), str(tmp_path / "k1_export"),
+                           log=lambda s: None)
+    for spec in ("k1", "k1_export"):
+        t = trainer(_cfg(corpus, "loss=nll", "num_categories=4", "num_steps=1",
+                         "checkpoint_every=1",
+                         f"drafter_init=drafter:{tmp_path / spec}"), f"k4_from_{spec}")
+        got = warm_start._flat(jax.device_get(t.state.params))
+        new = set(got) - set(src)
+        assert new and all(k.split("/")[0] in ("expander", "prior") for k in new), new
+        for key, value in src.items():
+            np.testing.assert_array_equal(got[key], value, err_msg=key)
+        np.testing.assert_array_equal(got["prior/kernel"], 0)
+        if spec == "k1":
+            t.run()  # a K = 4 checkpoint for the refusal below
+        t.close()
+    # another trunk (other taps) and K = 4 -> K = 1 are refused, naming the difference
+    with pytest.raises(ValueError, match="target_layer_ids"):
+        trainer(_cfg(corpus, "target_layer_ids=0", "num_steps=1",
+                     f"drafter_init=drafter:{tmp_path / 'k1'}"), "other_taps")
+    with pytest.raises(ValueError, match="K = 4"):
+        trainer(_cfg(corpus, f"drafter_init=drafter:{tmp_path / 'k4_from_k1'}", "num_steps=1"),
+                "back")
+    with pytest.raises(ValueError, match="no such"):
+        trainer(_cfg(corpus, f"drafter_init=drafter:{tmp_path / 'nowhere'}"), "none")

@@ -63,8 +63,10 @@ class TrainConfig:
     # (train/distill.py; stored in the feature cache when one is used). 0 disables.
     distill_weight: float = 0.0
     distill_topk: int = 64
-    # "random", or "target": drafter layers / norms start from the target's own layers
-    # after the deepest tap (train/warm_start.py)
+    # "random"; "target": drafter layers / norms start from the target's own layers after
+    # the deepest tap; "drafter:SPEC": every tensor of a trained drafter of the same trunk
+    # (workdir, export folder or pretrained:NAME; e.g. a K = 1 run to start K = 4 from)
+    # (train/warm_start.py)
     drafter_init: str = "random"
 
     # ---- optimisation
@@ -155,9 +157,10 @@ class TrainConfig:
                             f"grad_accum_steps {self.grad_accum_steps}")
         if not self.distill_weight >= 0:
             problems.append(f"distill_weight must be >= 0, got {self.distill_weight}")
-        if self.drafter_init not in ("random", "target"):
+        if self.drafter_init not in ("random", "target") and not (
+                self.drafter_init.startswith("drafter:") and len(self.drafter_init) > 8):
             problems.append(f"drafter_init {self.drafter_init!r} is not one of "
-                            "('random', 'target')")
+                            "('random', 'target', 'drafter:SPEC')")
         if self.distill_topk < 1:
             problems.append(f"distill_topk must be >= 1, got {self.distill_topk}")
         if self.verify_temperature <= 0:

@@ -329,6 +329,12 @@ class Trainer:
         if cfg.drafter_init == "target":
             host = warm_start.warm_start_from_target(host, self.tparams, self.drafter_config,
                                                      self.target_config)
+        elif cfg.drafter_init.startswith(warm_start.DRAFTER_PREFIX):
+            source = cfg.drafter_init[len(warm_start.DRAFTER_PREFIX):]
+            src_config, src_params = warm_start.load_source_drafter(
+                source, self.target_config, cfg.target, log=self.log)
+            host = warm_start.warm_start_from_drafter(host, self.drafter_config, src_params,
+                                                      src_config)
         put = sharding_lib.host_value_to_global
         params = jax.tree.map(put, host, self.state_sh.params)
         opt_state = jax.jit(self.tx.init, out_shardings=self.state_sh.opt_state)(params)

@@ -10,11 +10,21 @@ attention and MLP kernels and its norms. `hidden_norm` takes that layer's input 
 and values are at first what that target layer computes from the same residual stream.
 The final norm takes the target's. q_norm / k_norm (Qwen3-style, absent in Llama
 targets), the mask embedding and the DBlast heads keep their random initialisation.
+
+`drafter_init="drafter:SPEC"` starts instead from a trained drafter (a training workdir,
+an export folder or `pretrained:NAME`) of the same trunk: every tensor they share is
+copied, and what only the new drafter has (the DBlast category expander and prior head
+when going from K = 1 to K > 1) keeps its initialisation. With the expander's small
+initial offsets and a zero prior, a K = 4 drafter started from a K = 1 one drafts like it
+at step 0, so training the mixture costs only the steps that split the branches rather
+than a whole run at K times the LM-head cost per step.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+import os
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -23,6 +33,12 @@ from dblast_jax.config import DrafterConfig, TargetConfig
 from dblast_jax.io.layer_keys import get_leaf, set_leaf
 
 Params = dict[str, Any]
+
+DRAFTER_PREFIX = "drafter:"
+# DrafterConfig fields that only the DBlast heads depend on: the source may differ there
+_HEAD_FIELDS = ("num_categories", "expander_width", "name")
+# parameter subtrees that a K > 1 drafter has and a K = 1 drafter lacks
+_HEAD_PARAMS = ("expander", "prior")
 
 _COPIED = ("input_norm/scale", "post_attn_norm/scale", "attn/q_proj/kernel",
            "attn/k_proj/kernel", "attn/v_proj/kernel", "attn/o_proj/kernel",
@@ -65,3 +81,76 @@ def warm_start_from_target(dparams: Params, tparams: Params, drafter_config: Dra
     fc[deepest * h:(deepest + 1) * h] = np.eye(h, dtype=np.float32)
     put("fc/kernel", fc)
     return out
+
+
+def _flat(tree: Params, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flat(value, path + "/"))
+        else:
+            out[path] = value
+    return out
+
+
+def load_source_drafter(spec: str, target_config: TargetConfig, target_name: str,
+                        log: Callable[[str], None] = print) -> tuple[DrafterConfig, Params]:
+    """(config, host params) of the drafter named by `spec`: a training workdir (its
+    latest checkpoint), an export folder, or `pretrained:NAME`."""
+    from dblast_jax import pretrained
+    from dblast_jax.io.dflash import load_dflash
+    from dblast_jax.train import restore
+    if pretrained.is_pretrained_spec(spec):
+        folder = pretrained.pretrained_folder(spec[len(pretrained.PREFIX):], target=target_name)
+        return load_dflash(str(folder), target_config)
+    if restore.is_training_workdir(spec):
+        restored = restore.restore_drafter(spec, log=log)
+        return restored.drafter_config, restored.params_host()
+    if not os.path.isdir(spec):
+        raise ValueError(f"drafter_init={DRAFTER_PREFIX}{spec}: no such training workdir, "
+                         "export folder or pretrained:NAME")
+    return load_dflash(spec, target_config)
+
+
+def warm_start_from_drafter(dparams: Params, drafter_config: DrafterConfig,
+                            source_params: Params, source_config: DrafterConfig) -> Params:
+    """A copy of host drafter params `dparams` with every tensor of `source_params` (a
+    trained drafter of the same trunk) copied in; see the module doc. Raises ValueError
+    naming the difference when the source is not the same trunk (layers, taps, block
+    size, mask, heads) or has heads the new drafter lacks (K > 1 into K = 1)."""
+    mine = {f.name: getattr(drafter_config, f.name) for f in dataclasses.fields(drafter_config)}
+    theirs = {f.name: getattr(source_config, f.name) for f in dataclasses.fields(source_config)}
+    differ = [f"{k}: {theirs[k]!r} vs {mine[k]!r}" for k in mine
+              if k not in _HEAD_FIELDS and tuple_or(theirs[k]) != tuple_or(mine[k])]
+    if differ:
+        raise ValueError("warm start from a drafter: the source drafter is not the same "
+                         "trunk as this run's (source vs run: " + "; ".join(differ) + ")")
+    if source_config.num_categories > 1 and (
+            source_config.num_categories != drafter_config.num_categories
+            or source_config.expander_width != drafter_config.expander_width):
+        raise ValueError(f"warm start from a drafter: the source has K = "
+                         f"{source_config.num_categories} categories (expander width "
+                         f"{source_config.expander_width}), this run K = "
+                         f"{drafter_config.num_categories} ({drafter_config.expander_width}); "
+                         "only K = 1 -> any K or the same K are supported")
+    out = jax.tree.map(np.array, dparams)
+    flat_out, flat_src = _flat(out), _flat(jax.device_get(source_params))
+    missing = sorted(k for k in flat_out if k not in flat_src
+                     and k.split("/")[0] not in _HEAD_PARAMS)
+    extra = sorted(k for k in flat_src if k not in flat_out)
+    if missing or extra:
+        raise ValueError(f"warm start from a drafter: parameters missing in the source "
+                         f"{missing[:6]}, unknown to this run {extra[:6]}")
+    for key, value in flat_src.items():
+        want = flat_out[key]
+        value = np.asarray(value, np.float32)
+        if value.shape != want.shape:
+            raise ValueError(f"warm start from a drafter: {key} is {value.shape} in the "
+                             f"source, {want.shape} in this run")
+        set_leaf(out, key, value.astype(want.dtype))
+    return out
+
+
+def tuple_or(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
