@@ -115,3 +115,122 @@ def test_corpus_snapshot_of_the_first_shards(folder):
     assert len(src) == len(first)
     with pytest.raises(ValueError, match="first 9 shards"):
         corpus_io.Corpus(folder, max_shards=9)
+
+
+# ---- the trainer's pipeline: the documented order, process rows, state ----------------------
+
+def _reference_batches(records, *, batch_size, seq_len, block_size, seed, rows, count):
+    """The documented order (data/pipeline.py) rebuilt with plain numpy: usable records,
+    permutation default_rng([seed, epoch, 7]) per epoch, global batch k = positions
+    k*B .. k*B + B - 1, rows [r0, r1) of it, right-padded with 0 / False / 0.0."""
+    usable = np.array([i for i, r in enumerate(records)
+                       if min(len(r["tokens"]), seq_len) >= block_size
+                       and any(r["loss_mask"][:min(len(r["tokens"]), seq_len) - block_size + 1])])
+    n, out = usable.size, []
+    for k in range(count):
+        rows_ = []
+        for g in range(k * batch_size + rows[0], k * batch_size + rows[1]):
+            perm = np.random.default_rng([seed, g // n, 7]).permutation(n)
+            rows_.append(records[usable[perm[g % n]]])
+        tokens = np.zeros((len(rows_), seq_len), np.int32)
+        mask = np.zeros((len(rows_), seq_len), bool)
+        logp = np.zeros((len(rows_), seq_len), np.float32)
+        for i, r in enumerate(rows_):
+            m = min(len(r["tokens"]), seq_len)
+            tokens[i, :m], mask[i, :m], logp[i, :m] = (r["tokens"][:m], r["loss_mask"][:m],
+                                                       r["logp"][:m])
+        out.append({"tokens": tokens, "loss_mask": mask, "logp": logp,
+                    "lengths": np.array([min(len(r["tokens"]), seq_len) for r in rows_],
+                                        np.int32)})
+    return out
+
+
+def _random_records(seed=7, n=19):
+    gen = np.random.default_rng(seed)
+    recs = []
+    for _ in range(n):
+        length, prompt = int(gen.integers(2, 15)), int(gen.integers(0, 6))
+        recs.append({"tokens": gen.integers(1, 60, length).astype(np.int32),
+                     "loss_mask": np.arange(length) >= prompt,
+                     "logp": -gen.random(length).astype(np.float32)})
+    return recs
+
+
+def test_train_pipeline_is_the_documented_order():
+    from dblast_jax.data.records import ListSource
+    recs = _random_records()
+    src = ListSource(recs)
+    kw = dict(batch_size=4, seq_len=10, block_size=4, seed=11)
+    n = src.usable_indices(10, 4).size
+    assert 4 < n < len(recs)  # some records are unusable
+    count = 3 * n // 4 + 2  # three epochs and more
+    for rows in [(0, 4), (0, 2), (2, 4), (1, 3)]:
+        want = _reference_batches(recs, rows=rows, count=count, **kw)
+        ds = pipeline.make_train_dataset(src, rows=rows, **kw)
+        it = pipeline.BatchIterator(src, rows=rows, **kw)
+        for k, w in enumerate(want):
+            for got in (ds[k], next(it)):
+                assert set(got) == set(w)
+                for key in w:
+                    np.testing.assert_array_equal(got[key], w[key], err_msg=f"{rows} {k} {key}")
+                    assert got[key].dtype == w[key].dtype
+
+
+def test_synthetic_source_is_read_in_index_order():
+    from dblast_jax.data.records import SyntheticMultiModal
+    src = SyntheticMultiModal(97, block_size=4, seq_len=32, seed=2)
+    it = pipeline.BatchIterator(src, batch_size=3, seq_len=32, block_size=4, seed=5,
+                                rows=(1, 3))
+    for k in range(3):
+        b = next(it)
+        for row, i in enumerate((3 * k + 1, 3 * k + 2)):
+            n = len(src[i]["tokens"])
+            np.testing.assert_array_equal(b["tokens"][row, :n], src[i]["tokens"])
+
+
+def test_two_processes_read_disjoint_rows_that_make_the_global_batch(folder):
+    src = corpus_io.Corpus(folder, verify_temperature=1.0)
+    kw = dict(batch_size=6, seq_len=16, block_size=4, seed=3)
+    full = pipeline.BatchIterator(src, **kw)
+    parts = [pipeline.BatchIterator(src, rows=r, **kw) for r in ((0, 3), (3, 6))]
+    n = full.num_usable
+    seen = []
+    for k in range(2 * n // 6 + 1):  # past two epochs
+        g, mine = next(full), [next(p) for p in parts]
+        for key in g:
+            np.testing.assert_array_equal(g[key], np.concatenate([m[key] for m in mine]))
+        ids = [[int(x) for x in m["tokens"][:, 0]] for m in mine]  # record r starts with r
+        assert not set(ids[0]) & set(ids[1])
+        seen += ids[0] + ids[1]
+    assert sorted(seen[:n]) == sorted(int(i) for i in src.usable_indices(16, 4))  # epoch 0
+    assert seen[:n] != seen[n:2 * n]  # epoch 1: a new order
+
+
+def test_state_restores_mid_epoch_and_reads_old_checkpoints(folder):
+    import json
+    src = corpus_io.Corpus(folder, verify_temperature=0.7)
+    kw = dict(batch_size=4, seq_len=16, block_size=4, seed=9, rows=(2, 4))
+    it = pipeline.BatchIterator(src, **kw)
+    for _ in range(5):  # mid-epoch (fewer than 37 / 4 batches per epoch)
+        next(it)
+    state = json.loads(json.dumps(it.get_state()))  # as the checkpoint stores it
+    assert state == {"kind": "batcher", "global": True, "batches": 5, "seed": 9,
+                     "num_usable": it.num_usable}
+    want = [next(it) for _ in range(12)]  # crosses into the next epochs
+    for restore in (state, {"next_index": 5}):  # the trainer's format, grain's own
+        again = pipeline.BatchIterator(src, **kw)
+        again.set_state(restore)
+        for w in want:
+            got = next(again)
+            for key in w:
+                np.testing.assert_array_equal(got[key], w[key])
+    with pytest.raises(ValueError, match="not the same data"):
+        again.set_state(dict(state, num_usable=state["num_usable"] + 1))
+
+
+def test_data_code_does_not_depend_on_the_trainer():
+    from pathlib import Path
+    import dblast_jax.data as data_pkg
+    for path in Path(data_pkg.__file__).parent.glob("*.py"):
+        text = path.read_text()
+        assert "dblast_jax.train" not in text and "from dblast_jax import train" not in text, path

@@ -28,7 +28,8 @@ timestamps, so equal contents give byte-identical files. Sequences are concatena
     entropy_<T>    [N] float32   entropy (nats) of that predictive distribution (0 on prompts)
 
 <T> is `temperature_key(T)` (e.g. "0.7", "1", "1.5"). Records read back follow the
-trainer's convention (`dblast_jax.train.batches`): tokens, loss_mask, logp {key: array}.
+record convention of `dblast_jax.data.records`: tokens, loss_mask, logp {key: array}.
+A shard range "A:B" (shards A .. B - 1) is parsed by `parse_shard_range`.
 """
 
 from __future__ import annotations
@@ -66,6 +67,18 @@ def temperature_key(t: float) -> str:
 
 def shard_name(index: int) -> str:
     return f"shard-{index:05d}.npz"
+
+
+def parse_shard_range(spec: str) -> tuple[int, int]:
+    """"A:B" -> (A, B): corpus shards A .. B - 1."""
+    parts = str(spec).split(":")
+    try:
+        first, stop = (int(p) for p in parts) if len(parts) == 2 else (None, None)
+    except ValueError:
+        first = stop = None
+    if first is None or not 0 <= first < stop:
+        raise ValueError(f"shard range {spec!r}: expected A:B with 0 <= A < B (shards A .. B-1)")
+    return first, stop
 
 
 def as_folder(path: os.PathLike | str) -> AnyPath:
@@ -317,7 +330,7 @@ class Corpus:
 
     def usable_indices(self, seq_len: int, block_size: int) -> np.ndarray:
         """Records with a response token followed by a whole block within seq_len (the
-        trainer's `Batcher` contract, like `ListSource.usable_indices`)."""
+        source contract of `data.pipeline`, like `records.ListSource.usable_indices`)."""
         seq, prompt = self.lengths()
         last = np.minimum(seq, seq_len) - block_size
         ok = (last >= 0) & (prompt <= last) & (seq > prompt)

@@ -680,8 +680,7 @@ def corpus_prompts(folder: Union[str, Path], shards: str) -> list[list[int]]:
     Answering them again at another temperature gives a held-out set *sampled at* that
     temperature for the same prompts: the AL estimate is the exact expected acceptance
     only on text drawn from the target at T_v (docs/METHOD.md section 4)."""
-    from dblast_jax.train.config import parse_shard_range
-    first, stop = parse_shard_range(shards)
+    first, stop = corpus_io.parse_shard_range(shards)
     source = corpus_io.Corpus(folder, first_shard=first, max_shards=stop)
     prompts = []
     for i in range(len(source)):

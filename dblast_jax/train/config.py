@@ -16,6 +16,7 @@ import typing
 from typing import Any, Iterable, Optional
 
 from dblast_jax.config import DrafterConfig, TargetConfig
+from dblast_jax.data.corpus import parse_shard_range  # noqa: F401  (moved; the old name)
 from dblast_jax.dtypes import PARAM_DTYPES  # noqa: F401  (re-exported)
 
 LOSSES = ("dflash", "nll", "nll+al")
@@ -243,18 +244,6 @@ class TrainConfig:
             target_layer_ids=tuple(self.target_layer_ids) or None,
             intermediate_size=self.drafter_intermediate_size or None,
             name=self.name, **kw)
-
-
-def parse_shard_range(spec: str) -> tuple[int, int]:
-    """"A:B" -> (A, B): corpus shards A .. B - 1."""
-    parts = str(spec).split(":")
-    try:
-        first, stop = (int(p) for p in parts) if len(parts) == 2 else (None, None)
-    except ValueError:
-        first = stop = None
-    if first is None or not 0 <= first < stop:
-        raise ValueError(f"shard range {spec!r}: expected A:B with 0 <= A < B (shards A .. B-1)")
-    return first, stop
 
 
 # ---- overrides ---------------------------------------------------------------------------

@@ -14,8 +14,8 @@ Layout: `<cache folder>/<fingerprint[:16]>/` with
     progress.json  {"done": n, "complete": bool}, rewritten atomically after each chunk
 A changed corpus, target, tap set or seq_len gets another subfolder, so features are
 never read for records they were not computed from; an interrupted build resumes at
-`done`. Records are those of the source in index order (the trainer's Batcher picks
-indices into the same source).
+`done`. Records are those of the source in index order (the trainer's input pipeline,
+`data/pipeline.py`, picks indices into the same source).
 
 The cache folder must be local (or a gcsfuse mount): the taps are read through
 `np.load(mmap_mode=...)`, and memory maps need a real file. A `gs://` folder is refused
@@ -37,7 +37,7 @@ import numpy as np
 from dblast_jax.config import TargetConfig
 from dblast_jax.io.atomic import atomic_write_text
 from dblast_jax.models import target as target_lib
-from dblast_jax.train import batches as batches_lib
+from dblast_jax.data import records as records_lib
 from dblast_jax.train import distill
 
 __all__ = ["FeatureCache", "CachedFeatureSource", "build_feature_cache", "records_digest",
@@ -266,7 +266,7 @@ def build_feature_cache(source: Any, target_config: TargetConfig, target_params:
         idx = list(range(done, min(done + batch_size, n)))
         recs = [source[i] for i in idx]
         recs += [recs[-1]] * (batch_size - len(recs))  # one compiled shape
-        tokens = batches_lib.collate(recs, seq_len, with_logp=False)["tokens"]
+        tokens = records_lib.collate(recs, seq_len, with_logp=False)["tokens"]
         out, teacher = forward(target_params, jnp.asarray(tokens))
         out = np.asarray(jax.device_get(out), np.float32)[:len(idx)]
         if teacher is not None:

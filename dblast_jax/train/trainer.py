@@ -2,8 +2,8 @@
 
 Read in order: `objective.loss_terms` is the objective on one batch,
 `step.make_train_step` wraps it in gradients + optax (`step` also holds the jit and
-compile caches), and `Trainer` here owns the loop (data, mesh, checkpoints, metrics,
-export).
+compile caches), and `Trainer` here owns the loop (data, read through the grain pipeline
+of `data/pipeline.py`; mesh, checkpoints, metrics, export).
 
 The step, for a batch of B sequences of T tokens (right-padded) and A anchors each:
   1. anchors: A distinct eligible positions per row drawn from fold_in(rng, step)
@@ -44,7 +44,8 @@ from dblast_jax import sharding as sharding_lib
 from dblast_jax.config import DrafterConfig, TargetConfig
 from dblast_jax.dtypes import dtype_from_name
 from dblast_jax.models import drafter as drafter_lib
-from dblast_jax.train import batches as batches_lib
+from dblast_jax.data import pipeline as pipeline_lib
+from dblast_jax.data import records as records_lib
 from dblast_jax.train import metric_writers
 from dblast_jax.train import validation as validation_lib
 from dblast_jax.train import warm_start
@@ -108,33 +109,34 @@ def resolve_target(target: Any, config: TrainConfig):
                     f"{type(target).__name__}")
 
 
-check_data_for_target = batches_lib.check_data_for_target
+check_data_for_target = records_lib.check_data_for_target
 
 
 def _make_batcher(data: Any, config: TrainConfig, tcfg: TargetConfig, rows: tuple[int, int]):
+    """The batches of this process (rows `rows` of every global batch): a
+    `pipeline.BatchIterator` over the grain pipeline for any random-access data, the
+    iterator itself for a ready one, `pipeline.IteratorBatcher` for an iterator factory."""
     b, t = config.block_size, config.seq_len
     if data is None:
         data = config.data
     if isinstance(data, str):
-        data = batches_lib.make_source(
+        data = records_lib.make_source(
             data, vocab_size=tcfg.vocab_size, block_size=b, seq_len=t,
             verify_temperature=config.verify_temperature, seed=config.seed,
             num_phrases=config.synthetic_num_phrases, phrase_len=config.synthetic_phrase_len,
             logit_scale=config.synthetic_logit_scale, corpus_shards=config.data_shards)
-    if hasattr(data, "usable_indices"):
-        return batches_lib.Batcher(data, batch_size=config.batch_size, seq_len=t, block_size=b,
-                                   seed=config.seed, rows=rows)
     if isinstance(data, (list, tuple)):
-        src = batches_lib.ListSource(data, name="corpus",
-                                     verify_temperature=config.verify_temperature)
-        return batches_lib.Batcher(src, batch_size=config.batch_size, seq_len=t, block_size=b,
-                                   seed=config.seed, rows=rows)
+        data = records_lib.ListSource(data, name="corpus",
+                                      verify_temperature=config.verify_temperature)
+    if hasattr(data, "usable_indices"):
+        return pipeline_lib.BatchIterator(data, batch_size=config.batch_size, seq_len=t,
+                                          block_size=b, seed=config.seed, rows=rows)
     if hasattr(data, "__next__") and hasattr(data, "get_state"):
         return data  # a ready batcher
     if callable(data):
-        return batches_lib.IteratorBatcher(data, local_batch_size=rows[1] - rows[0],
-                                           seq_len=t, block_size=b,
-                                           verify_temperature=config.verify_temperature)
+        return pipeline_lib.IteratorBatcher(data, local_batch_size=rows[1] - rows[0],
+                                            seq_len=t, block_size=b,
+                                            verify_temperature=config.verify_temperature)
     raise TypeError(f"data must be 'synthetic', a .jsonl path, a random-access source, a "
                     f"list of records, a batcher, or a function returning an iterator; got "
                     f"{type(data).__name__}")
@@ -270,7 +272,7 @@ class Trainer:
         from dblast_jax.train import feature_cache as fc
         cfg = self.config
         fc.check_local(cfg.feature_cache)  # memory-mapped: gs:// is refused, in one line
-        if not isinstance(self.batcher, batches_lib.Batcher):
+        if not isinstance(self.batcher, pipeline_lib.BatchIterator):
             raise ValueError("feature_cache needs a random-access corpus (a corpus folder, "
                              ".jsonl or records), not an iterator")
         needs_logp = cfg.uses_al or cfg.track_al
@@ -287,7 +289,8 @@ class Trainer:
             teacher_topk=cfg.distill_topk if cfg.distill_weight > 0 else 0,
             teacher_temperature=cfg.verify_temperature,
             head=target_head(tparams, self.target_config))
-        self.batcher.source = fc.CachedFeatureSource(self.batcher.source, cache)
+        self.batcher = self.batcher.with_source(fc.CachedFeatureSource(self.batcher.source,
+                                                                       cache))
 
     def _validation_data(self, data: Any, given: Any, tcfg: TargetConfig) -> Any:
         cfg = self.config

@@ -28,9 +28,10 @@ import numpy as np
 from jax.sharding import Mesh
 
 from dblast_jax.config import TargetConfig
-from dblast_jax.data.corpus import is_corpus_folder
-from dblast_jax.train import batches as batches_lib
-from dblast_jax.train.config import TrainConfig, parse_shard_range
+from dblast_jax.data import pipeline as pipeline_lib
+from dblast_jax.data import records as records_lib
+from dblast_jax.data.corpus import is_corpus_folder, parse_shard_range
+from dblast_jax.train.config import TrainConfig
 
 __all__ = ["HELD_OUT_SEED_OFFSET", "VALIDATION_FILE", "make_validation_source",
            "mean_metrics", "paired_gain", "validate_drafters", "read_validation",
@@ -55,7 +56,7 @@ def make_validation_source(config: TrainConfig, target_config: TargetConfig,
     if shards and not is_corpus_folder(data):  # local or gs://...
         raise ValueError(f"validation shards {shards!r} need a corpus folder; {data!r} is not "
                          "one")
-    return batches_lib.make_source(
+    return records_lib.make_source(
         data, vocab_size=target_config.vocab_size, block_size=config.block_size,
         seq_len=config.seq_len, verify_temperature=config.verify_temperature, seed=seed,
         num_phrases=config.synthetic_num_phrases, phrase_len=config.synthetic_phrase_len,
@@ -210,19 +211,21 @@ def validate_drafters(drafters: Mapping[str, Any], target: Any, data: str, *,
                           anchors_per_sequence=anchors_per_sequence,
                           verify_temperature=verify_temperature, track_al=True)
         source = make_validation_source(cfg, target.config, data=data, shards=shards)
-        batcher = batches_lib.Batcher(source, batch_size=batch_size, seq_len=seq_len,
-                                      block_size=dcfg.block_size, seed=0)
-        mode = "data" if batcher.with_logp else "target"
+        order = pipeline_lib.train_order(source, seq_len=seq_len,
+                                         block_size=dcfg.block_size, seed=0)
+        with_logp = records_lib.first_has_logp(source, order.usable)
+        dataset = pipeline_lib.batch_dataset(order, source, batch_size=batch_size,
+                                             seq_len=seq_len, with_logp=with_logp)
+        mode = "data" if with_logp else "target"
         if name == names[0]:  # the same data for every drafter: checked once
-            batches_lib.check_data_for_target(
+            records_lib.check_data_for_target(
                 source, target.config, getattr(target, "name", target.config.name), tparams,
                 uses_logp=mode == "data", log=print if progress and pid == 0 else None,
                 what="validation data")
         fn = compiled_eval_step(cfg, dcfg, target.config, mode, mesh)
 
-        def run_batch(i, dparams=dparams, fn=fn, mode=mode, batcher=batcher):
-            batcher.set_state(dict(batcher.get_state(), batches=i))  # global batch i
-            local = next(batcher)
+        def run_batch(i, dparams=dparams, fn=fn, mode=mode, dataset=dataset):
+            local = dataset[i]  # global batch i (random access: any process reads any)
             batch = {k: jnp.asarray(v) for k, v in local.items()
                      if k != "logp" or mode == "data"}
             return _host_metrics(fn(dparams, tparams, batch, _anchor_rng(seed, i),
