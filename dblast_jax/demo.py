@@ -52,6 +52,10 @@ class DemoConfig:
     anchors_per_sequence: int = 16
     block_size: int = 8
     drafter_layers: int = 1
+    # (): DFlash's default for the depth (one layer: the middle target layer). The
+    # recipes' five taps pay from ~500 training CPU-s on (RESULTS.md 4.2); in the demo's
+    # ~40 steps they do not, and their feature cache costs 1.75x the one-tap cache
+    target_layer_ids: tuple[int, ...] = ()
     learning_rate: float = 1e-3
     # evaluation
     benchmarks: tuple[str, ...] = BENCHMARKS
@@ -104,7 +108,8 @@ def _train_config(config: DemoConfig, experiment: str, corpus: Path):
         target=config.model, data=str(corpus), num_steps=config.train_steps,
         batch_size=config.train_batch_size, seq_len=config.seq_len,
         anchors_per_sequence=config.anchors_per_sequence, block_size=config.block_size,
-        drafter_layers=config.drafter_layers, learning_rate=config.learning_rate,
+        drafter_layers=config.drafter_layers, target_layer_ids=config.target_layer_ids,
+        learning_rate=config.learning_rate,
         verify_temperature=config.verify_temperature, warmup_fraction=0.1,
         checkpoint_every=max(1, config.train_steps // 2), keep_checkpoints=1,
         seed=config.seed,

@@ -1,8 +1,10 @@
 # Shared sizes of the SmolLM2-135M-Instruct runs (sourced by reproduce.sh and ablations.sh,
 # so the ablation drafters train exactly like the main four). Every value can be set from
 # the environment; TRAIN_OVERRIDES is the `dblast train --override` list they make.
-# The recipes train with a mask token (SmolLM2: 16, <empty_output>); RESULTS.md 1.7-1.11
-# used the learned mask embedding: add mask_token_id=-1 to the list to reproduce them.
+# The recipes train with a mask token (SmolLM2: 16, <empty_output>) and five target taps
+# (1, 7, 14, 20, 27; RESULTS.md 4.2). RESULTS.md 1.7-1.11 used the learned mask embedding
+# and the single middle tap: add mask_token_id=-1 and target_layer_ids=15 to the list to
+# reproduce them.
 CORPUS=${CORPUS:-corpora/smollm2_t1}
 RUNS=${RUNS:-runs/smollm2}
 SHARDS=${SHARDS:-36}          # training snapshot: the corpus's first N shards (32 prompts each)
