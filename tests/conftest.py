@@ -243,3 +243,34 @@ def check_process_outputs(returncodes, outs, what: str) -> list:
                         f"(gloo): {text[-400:]}")
         raise AssertionError(f"{what} failed:\n" + "\n---\n".join(o[-3000:] for o in outs))
     return outs
+
+
+# ---- the real SmolLM2 on the PyTorch side ----
+
+def hf_from_gguf(path, head_dim=None):
+    """transformers' model for a GGUF file (float32, eval mode); the same weights our
+    io.gguf loader reads (test_gguf_smollm2.py, test_shipped_dflash.py)."""
+    import importlib.util
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.set_num_threads(2)
+    if head_dim is None and importlib.util.find_spec("accelerate") is not None:
+        return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                    dtype=torch.float32).eval()
+    # transformers' from_pretrained(gguf_file=) insists on `accelerate`; without it, take
+    # the same route by hand: config from the GGUF, then transformers' own dequantised and
+    # un-permuted tensors. (Its qwen3 config mapping also ignores attention.key_length.)
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    conf = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    if head_dim is not None:
+        conf.head_dim = head_dim
+    model = AutoModelForCausalLM.from_config(conf, dtype=torch.float32)
+    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+    missing, unexpected = model.load_state_dict(
+        {k: torch.as_tensor(np.asarray(v)) for k, v in tensors.items()}, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    model.tie_weights()
+    return model.eval()

@@ -6,7 +6,6 @@ the only expected difference is float32 summation order.
 """
 
 import functools
-import importlib.util
 import time
 
 import jax
@@ -20,6 +19,7 @@ from dblast_jax.io.gguf import GGUFFormatError, load_gguf, permute_qk, save_gguf
 from dblast_jax.io.presets import PRESETS, load_preset
 from dblast_jax.io.tokenizer import bytes_to_unicode
 from dblast_jax.models import target
+from conftest import hf_from_gguf as _hf_from_gguf
 
 # Logit tolerance for the real model. Weights are bit-identical on both sides; what is left
 # is float32 rounding (different matmul/reduction order in XLA and PyTorch) accumulated
@@ -58,32 +58,6 @@ def _tiny_params(cfg: TargetConfig):
         return jnp.asarray(0.05 * rng.randn(*leaf.shape), jnp.float32)
 
     return jax.tree.map(draw, target.abstract_params(cfg))
-
-
-def _hf_from_gguf(path, head_dim=None):
-    """transformers' model for a GGUF file (float32, eval mode)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    torch.set_num_threads(2)
-    if head_dim is None and importlib.util.find_spec("accelerate") is not None:
-        return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                    dtype=torch.float32).eval()
-    # transformers' from_pretrained(gguf_file=) insists on `accelerate`; without it, take
-    # the same route by hand: config from the GGUF, then transformers' own dequantised and
-    # un-permuted tensors. (Its qwen3 config mapping also ignores attention.key_length.)
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-    conf = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
-    if head_dim is not None:
-        conf.head_dim = head_dim
-    model = AutoModelForCausalLM.from_config(conf, dtype=torch.float32)
-    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
-    missing, unexpected = model.load_state_dict(
-        {k: torch.as_tensor(np.asarray(v)) for k, v in tensors.items()}, strict=False)
-    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
-    model.tie_weights()
-    return model.eval()
 
 
 # ---- synthetic files --------------------------------------------------------------------
