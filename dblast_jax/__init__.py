@@ -5,7 +5,8 @@
     result = dj.generate(target, ["Hello!"], dj.SamplingConfig(temperature=0.7))
 """
 
-from dblast_jax.config import DrafterConfig, RopeScaling, SamplingConfig, TargetConfig
+from dblast_jax.config import (DrafterConfig, DrafterSpec, RopeScaling, SamplingConfig,
+                               TargetConfig)
 from dblast_jax.generation import (Drafter, GenerationResult, Target, export_drafter, generate,
                                    init_drafter, load_drafter, load_target, on_mesh,
                                    parse_mesh, speculative_generate)
@@ -15,6 +16,7 @@ __all__ = [
     "DemoConfig",
     "Drafter",
     "DrafterConfig",
+    "DrafterSpec",
     "export_drafter",
     "init_drafter",
     "load_drafter",

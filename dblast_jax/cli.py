@@ -308,7 +308,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a drafter (resumes from --workdir alone)")
     p.add_argument("--workdir", required=True, type=folder)
     p.add_argument("--experiment", help="experiment name (launch/train.py --list_experiments)")
-    p.add_argument("--override", action="append", default=[], help="key=value (repeatable)")
+    p.add_argument("--override", action="append", default=[],
+                   help="key=value for any TrainConfig field (repeatable); the drafter's as "
+                   "drafter.FIELD (drafter.num_categories=4, drafter.mask_token_id=none); "
+                   "the flat names of before (num_categories=4, ...) remain accepted")
     p.add_argument("--target", help="target preset / HF folder / .gguf")
     p.add_argument("--data", help="'synthetic', a .jsonl, or a regenerated corpus folder")
     p.add_argument("--stop-at", type=int, help="stop (with a checkpoint) after this step")
@@ -397,7 +400,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a tiny random model with SmolLM2's tokenizer (about a minute)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="change a DemoConfig field (train_steps=80, eval_prompts=4, "
-                   "temperatures=0.7,1.5, extra_drafters=NAME=DIR, ...)")
+                   "temperatures=0.7,1.5, extra_drafters=NAME=DIR, drafter.block_size=4, "
+                   "drafter.target_layer_ids=1,7,14, ...)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_cmd_demo)
 

@@ -230,3 +230,96 @@ class DrafterConfig:
                   rms_norm_eps=target.rms_norm_eps, vocab_size=target.vocab_size,
                   num_categories=num_categories, expander_width=expander_width)
         return cfg.replace(**overrides)
+
+
+@dataclasses.dataclass(frozen=True)
+class DrafterSpec:
+    """The drafter a run trains, in terms that do not depend on the target: `for_target`
+    turns it into the `DrafterConfig` for one target (the only place that does). A None
+    field is derived from the target: the taps DFlash picks for the depth, a learned mask
+    embedding, the automatic expander width, the target's MLP width. `TrainConfig.drafter`
+    and `DemoConfig.drafter` hold one; overrides set its fields as `drafter.FIELD=VALUE`
+    (`none` for None)."""
+
+    num_layers: int = 1
+    block_size: int = 16
+    num_categories: int = 1  # K
+    # target layers the drafter reads; None: DFlash's default for the depth
+    # (default_target_layer_ids)
+    target_layer_ids: Optional[tuple[int, ...]] = None
+    # the token whose embedding row fills the block's masked slots, as in DFlash; None: a
+    # learned mask embedding (DBlast-only: such exports do not load in DFlash / vLLM)
+    mask_token_id: Optional[int] = None
+    # the category expander's width; None: automatic (0 for K = 1, max(16, H // 4) else)
+    expander_width: Optional[int] = None
+    intermediate_size: Optional[int] = None  # the drafter layers' MLP; None: the target's
+
+    def __post_init__(self):
+        if isinstance(self.target_layer_ids, list):  # JSON / Python lists: hashable tuple
+            object.__setattr__(self, "target_layer_ids", tuple(self.target_layer_ids))
+        problems = self.problems()
+        if problems:
+            raise ValueError("invalid drafter: " + "; ".join(problems))
+
+    def problems(self) -> list[str]:
+        """What is wrong with the fields, one phrase each, named as overrides set them."""
+        out = []
+
+        def is_int(v):
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        for field, low in (("num_layers", 1), ("block_size", 2), ("num_categories", 1)):
+            v = getattr(self, field)
+            if not is_int(v) or v < low:
+                out.append(f"drafter.{field} must be an integer >= {low}, got {v!r}")
+        for field, low, none in (("mask_token_id", 0, "a learned mask"),
+                                 ("expander_width", 0, "automatic"),
+                                 ("intermediate_size", 1, "the target's")):
+            v = getattr(self, field)
+            if v is not None and (not is_int(v) or v < low):
+                out.append(f"drafter.{field} must be an integer >= {low} or none ({none}), "
+                           f"got {v!r}")
+        ids = self.target_layer_ids
+        if ids is not None and (not isinstance(ids, tuple) or not ids
+                                or not all(is_int(i) and i >= 0 for i in ids)):
+            out.append("drafter.target_layer_ids must be target layer numbers (e.g. 1,7,14) "
+                       f"or none (DFlash's default for the depth), got {ids!r}")
+        return out
+
+    def replace(self, **changes: Any) -> "DrafterSpec":
+        return dataclasses.replace(self, **changes)
+
+    def for_target(self, target: TargetConfig, name: str = "drafter") -> DrafterConfig:
+        """The DrafterConfig of this drafter on `target`."""
+        return DrafterConfig.for_target(
+            target, num_layers=self.num_layers, block_size=self.block_size,
+            num_categories=self.num_categories, expander_width=self.expander_width,
+            target_layer_ids=self.target_layer_ids, intermediate_size=self.intermediate_size,
+            mask_token_id=self.mask_token_id, name=name)
+
+
+# The flat TrainConfig fields that held the drafter's shape before `TrainConfig.drafter`
+# (train_config.json of older runs, scripts, command lines: still accepted as aliases) ->
+# the DrafterSpec field; their placeholders mean None (see legacy_drafter_value).
+LEGACY_DRAFTER_FIELDS = {
+    "drafter_layers": "num_layers",
+    "block_size": "block_size",
+    "num_categories": "num_categories",
+    "target_layer_ids": "target_layer_ids",
+    "mask_token_id": "mask_token_id",
+    "expander_width": "expander_width",
+    "drafter_intermediate_size": "intermediate_size",
+}
+
+
+def legacy_drafter_value(field: str, value: Any) -> Any:
+    """A flat field's value as the DrafterSpec's: the old placeholders (mask_token_id < 0:
+    learned mask, expander_width < 0: automatic, drafter_intermediate_size 0: the target's,
+    target_layer_ids (): DFlash's default) become None."""
+    if field in ("mask_token_id", "expander_width") and value is not None and value < 0:
+        return None
+    if field == "intermediate_size" and value == 0:
+        return None
+    if field == "target_layer_ids" and value is not None and len(value) == 0:
+        return None
+    return value

@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from dblast_jax.config import DrafterSpec
+
 __all__ = ["DemoConfig", "DemoResult", "run_demo", "SMALL_BUDGET_NOTE"]
 
 SMALL_BUDGET_NOTE = (
@@ -27,6 +29,17 @@ SMALL_BUDGET_NOTE = (
     "measurements, not the method's quality: see RESULTS.md for the real training budget.")
 
 BENCHMARKS = ("humaneval", "mt-bench", "gsm8k", "creative-writing")
+
+# The demo's drafters: one layer reading DFlash's default tap for the depth (the middle
+# target layer: the recipes' five taps pay from ~500 training CPU-s on, RESULTS.md 4.2; in
+# the demo's ~40 steps they do not, and their feature cache costs 1.75x the one-tap
+# cache), SmolLM2's mask token (train.config.SMOLLM2_MASK_TOKEN_ID, as the recipes).
+DEMO_DRAFTER = DrafterSpec(num_layers=1, block_size=8, target_layer_ids=None,
+                           mask_token_id=16)
+# DemoConfig's fields of before `DemoConfig.drafter` (old demo_config.json, --set): the
+# DrafterSpec field each set
+_LEGACY_DEMO_FIELDS = {"block_size": "block_size", "drafter_layers": "num_layers",
+                       "target_layer_ids": "target_layer_ids"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,12 +63,9 @@ class DemoConfig:
     train_batch_size: int = 8
     seq_len: int = 192
     anchors_per_sequence: int = 16
-    block_size: int = 8
-    drafter_layers: int = 1
-    # (): DFlash's default for the depth (one layer: the middle target layer). The
-    # recipes' five taps pay from ~500 training CPU-s on (RESULTS.md 4.2); in the demo's
-    # ~40 steps they do not, and their feature cache costs 1.75x the one-tap cache
-    target_layer_ids: tuple[int, ...] = ()
+    # the shape of every trained drafter (DEMO_DRAFTER), each at its experiment's K
+    # (drafter.num_categories is not used); --set drafter.block_size=4 etc.
+    drafter: DrafterSpec = DEMO_DRAFTER
     learning_rate: float = 1e-3
     # evaluation
     benchmarks: tuple[str, ...] = BENCHMARKS
@@ -74,12 +84,42 @@ class DemoConfig:
     def tiny(cls, **overrides) -> "DemoConfig":
         base = cls(model="tiny-smollm2", corpus_prompts=8, corpus_new_tokens=16,
                    max_prompt_tokens=96, regen_batch_size=8, train_steps=3, train_batch_size=4,
-                   seq_len=128, anchors_per_sequence=4, block_size=4, learning_rate=3e-3,
+                   seq_len=128, anchors_per_sequence=4, drafter=DEMO_DRAFTER.replace(
+                       block_size=4), learning_rate=3e-3,
                    temperatures=(0.7, 1.5), eval_prompts=1, eval_new_tokens=8)
-        return dataclasses.replace(base, **overrides)
+        return base.replace(**overrides)
 
     def replace(self, **changes) -> "DemoConfig":
+        """A changed copy; block_size, drafter_layers and target_layer_ids (the fields of
+        before `drafter`; () for DFlash's default taps) set the drafter's."""
+        flat = {_LEGACY_DEMO_FIELDS[k]: changes.pop(k) for k in list(changes)
+                if k in _LEGACY_DEMO_FIELDS}
+        if flat:
+            if flat.get("target_layer_ids") is not None:
+                flat["target_layer_ids"] = tuple(flat["target_layer_ids"]) or None
+            changes["drafter"] = changes.get("drafter", self.drafter).replace(**flat)
         return dataclasses.replace(self, **changes)
+
+    def settings(self) -> dict:
+        """The JSON object of demo_config.json (tuples as lists)."""
+        return json.loads(json.dumps(dataclasses.asdict(self)))
+
+
+def _old_settings(old: dict) -> dict:
+    """A demo_config.json of before `DemoConfig.drafter` (flat block_size, drafter_layers,
+    target_layer_ids; the mask token was the recipes', DEMO_DRAFTER's) in today's form,
+    so that such a demo resumes."""
+    if not isinstance(old, dict) or "drafter" in old or not set(old) & set(_LEGACY_DEMO_FIELDS):
+        return old
+    old = dict(old)
+    flat = {_LEGACY_DEMO_FIELDS[k]: old.pop(k) for k in list(old) if k in _LEGACY_DEMO_FIELDS}
+    ids = flat.get("target_layer_ids")
+    flat["target_layer_ids"] = tuple(ids) if ids else None
+    try:
+        old["drafter"] = json.loads(json.dumps(dataclasses.asdict(DEMO_DRAFTER.replace(**flat))))
+    except (TypeError, ValueError):
+        old["drafter"] = flat  # not a drafter: shows as a difference
+    return old
 
 
 @dataclasses.dataclass
@@ -104,11 +144,12 @@ def _fetch_inputs(config: DemoConfig) -> None:
 
 def _train_config(config: DemoConfig, experiment: str, corpus: Path):
     from dblast_jax.train.config import get_experiment
-    return get_experiment(experiment).replace(
+    recipe = get_experiment(experiment)
+    return recipe.replace(
         target=config.model, data=str(corpus), num_steps=config.train_steps,
         batch_size=config.train_batch_size, seq_len=config.seq_len,
-        anchors_per_sequence=config.anchors_per_sequence, block_size=config.block_size,
-        drafter_layers=config.drafter_layers, target_layer_ids=config.target_layer_ids,
+        anchors_per_sequence=config.anchors_per_sequence,
+        drafter=config.drafter.replace(num_categories=recipe.drafter.num_categories),
         learning_rate=config.learning_rate,
         verify_temperature=config.verify_temperature, warmup_fraction=0.1,
         checkpoint_every=max(1, config.train_steps // 2), keep_checkpoints=1,
@@ -172,10 +213,10 @@ def run_demo(config: DemoConfig = DemoConfig(), workdir: str | Path = "dblast_de
                          f"{names}")
     work = Path(workdir)
     record = work / "demo_config.json"
-    settings = json.loads(json.dumps(dataclasses.asdict(config)))  # tuples -> lists
+    settings = config.settings()
     if record.exists():  # resume only the same demo: refuse before touching anything
         from dblast_jax.errors import read_json
-        old = read_json(record, "delete it or use another --workdir")
+        old = _old_settings(read_json(record, "delete it or use another --workdir"))
         diff = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
         if diff:
             raise ValueError(f"{work} holds a demo with other settings (setting: (old, new)) "
@@ -280,14 +321,30 @@ def _demo_value(kind: type, text: str, key: str, example: str):
 
 def parse_demo_overrides(items: Optional[Sequence[str]], base: DemoConfig) -> DemoConfig:
     """`key=value` strings -> a changed DemoConfig (ints / floats / booleans / comma lists);
-    a value of the wrong type is refused with the key, the expected type and an example."""
+    a value of the wrong type is refused with the key, the expected type and an example.
+    The drafters' shape: `drafter.FIELD=VALUE` (drafter.block_size=4,
+    drafter.target_layer_ids=1,7,14, drafter.mask_token_id=none), or the flat names of
+    before (block_size, drafter_layers, target_layer_ids, ...; train.config.drafter_change)."""
+    from dblast_jax.train.config import drafter_change, drafter_keys
     changes = {}
+    drafter = {}
     fields = {f.name: f for f in dataclasses.fields(DemoConfig)}
     for item in items or ():
         key, eq, value = item.partition("=")
         key = key.strip()
-        if not eq or key not in fields or key == "drafters":
-            settable = sorted(k for k in fields if k != "drafters")
+        try:
+            change = drafter_change(key, value) if eq else None
+        except ValueError as e:
+            raise ValueError(f"demo {e}") from None
+        if change is not None:
+            if change[0] == "num_categories":
+                raise ValueError(f"demo override {item!r}: each drafter has its experiment's "
+                                 f"K (drafters = {list(base.drafters)})")
+            drafter[change[0]] = change[1]
+            continue
+        if not eq or key not in fields or key in ("drafters", "drafter"):
+            settable = sorted([k for k in fields if k not in ("drafters", "drafter")]
+                              + [k for k in drafter_keys() if k != "drafter.num_categories"])
             raise ValueError(f"demo override {item!r}: expected key=value with key in {settable}")
         current = getattr(base, key)
         if isinstance(current, tuple):
@@ -298,4 +355,9 @@ def parse_demo_overrides(items: Optional[Sequence[str]], base: DemoConfig) -> De
         else:
             changes[key] = _demo_value(type(current), value, key, str(current).lower()
                                        if isinstance(current, bool) else str(current))
+    if drafter:
+        try:
+            changes["drafter"] = base.drafter.replace(**drafter)
+        except ValueError as e:
+            raise ValueError(f"demo override: {e}") from None
     return base.replace(**changes)

@@ -33,7 +33,9 @@ flags.DEFINE_bool("debug", False, "show the traceback of every error, expected o
                   "(also: DBLAST_DEBUG=1)")
 flags.DEFINE_string("experiment", None, "experiment name (see --list_experiments); optional "
                     "when --workdir already holds a run (resume)")
-flags.DEFINE_multi_string("override", [], "key=value for any TrainConfig field (repeatable)")
+flags.DEFINE_multi_string("override", [], "key=value for any TrainConfig field (repeatable); "
+                          "the drafter's as drafter.FIELD (drafter.num_categories=4; the "
+                          "flat names of before, e.g. num_categories=4, remain accepted)")
 flags.DEFINE_string("workdir", None, "run directory: checkpoints, metrics.jsonl, export/")
 flags.DEFINE_string("mesh", None, "data,fsdp,tensor mesh shape, e.g. 8,1,1 or -1,1,1")
 flags.DEFINE_string("target", None, "target preset / HF folder / .gguf (overrides config)")

@@ -29,7 +29,7 @@ def test_tiny_demo_end_to_end_and_resume(tmp_path, monkeypatch):
     work = tmp_path / "demo"
     config = DemoConfig.tiny()
     monkeypatch.setenv("DBLAST_PRETRAINED_DIR",
-                       _ship_random_drafter(tmp_path, config.model, config.block_size))
+                       _ship_random_drafter(tmp_path, config.model, config.drafter.block_size))
     logs = []
     result = run_demo(config, work, progress=False, log=logs.append)
 
@@ -46,7 +46,7 @@ def test_tiny_demo_end_to_end_and_resume(tmp_path, monkeypatch):
     assert {(c["method"], c["benchmark"], float(c["temperature"])) for c in cells} == want
     for c in cells:
         if c["method"] != "plain":
-            assert 1.0 <= c["tau"] <= config.block_size and c["steps"] > 0
+            assert 1.0 <= c["tau"] <= config.drafter.block_size and c["steps"] > 0
     assert len(list((work / "eval").glob("*.png"))) == 3
     assert "SMALL-BUDGET DEMO" in result.summary and "| dblast_k4 |" in result.summary
     assert "tiny-shipped: shipped in pretrained/" in result.summary

@@ -2,7 +2,8 @@
 
 A K = 1 drafter trained with a token mask exports as a plain DFlash checkpoint (loadable
 by z-lab's `dflash` package and vLLM: test_dflash_interop.py); the learned mask
-embedding (`mask_token_id=-1`) stays available as an override.
+embedding (`drafter.mask_token_id=none`, or the flat `mask_token_id=-1`) stays available
+as an override.
 """
 
 from __future__ import annotations
@@ -25,16 +26,17 @@ def test_every_recipe_trains_with_a_mask_token():
                  "qwen3": TC.QWEN3_MASK_TOKEN_ID}
     for name in TC.list_experiments():
         cfg = TC.get_experiment(name)
-        assert cfg.mask_token_id >= 0, name
+        assert cfg.drafter.mask_token_id >= 0, name
         want = by_family.get(name.split("_")[0])
-        assert want is None or cfg.mask_token_id == want, name
+        assert want is None or cfg.drafter.mask_token_id == want, name
     assert {n.split("_")[0] for n in TC.list_experiments()} >= set(by_family)
     dc = TC.get_experiment("smollm2_dflash_baseline").drafter_config(TargetConfig.smollm2_135m())
     assert dc.mask_token_id == 16 and not dflash.needs_dblast_extras(dc)  # a DFlash export
     assert dflash.dflash_config_dict(dc)["dflash_config"]["mask_token_id"] == 16
     # the learned mask is still one override away
-    learned = TC.get_experiment("smollm2_dflash_baseline", ["mask_token_id=-1"])
-    assert learned.drafter_config(TargetConfig.smollm2_135m()).mask_token_id is None
+    for override in ("drafter.mask_token_id=none", "mask_token_id=-1"):
+        learned = TC.get_experiment("smollm2_dflash_baseline", [override])
+        assert learned.drafter_config(TargetConfig.smollm2_135m()).mask_token_id is None
 
 
 def test_demo_drafters_use_the_mask_token(tmp_path):
@@ -42,7 +44,7 @@ def test_demo_drafters_use_the_mask_token(tmp_path):
     for demo in (DemoConfig(), DemoConfig.tiny()):
         for _, experiment in demo.drafters:
             cfg = _train_config(demo, experiment, tmp_path / "corpus")
-            assert cfg.mask_token_id == TC.SMOLLM2_MASK_TOKEN_ID, (demo.model, experiment)
+            assert cfg.drafter.mask_token_id == TC.SMOLLM2_MASK_TOKEN_ID, (demo.model, experiment)
 
 
 @pytest.mark.parametrize("corpus", CORPORA)
@@ -63,8 +65,8 @@ def test_smollm2_mask_token_never_occurs_in_the_corpora(corpus):
 def test_tiny_mask_token_never_occurs_in_synthetic_records():
     from dblast_jax.train.batches import SyntheticMultiModal
     cfg = TC.get_experiment("tiny_dflash")
-    lang = SyntheticMultiModal(TargetConfig.tiny_llama().vocab_size, block_size=cfg.block_size,
-                               seq_len=cfg.seq_len, temperature=cfg.verify_temperature)
+    lang = SyntheticMultiModal(TargetConfig.tiny_llama().vocab_size,
+                               block_size=cfg.drafter.block_size, seq_len=cfg.seq_len, temperature=cfg.verify_temperature)
     for i in range(200):
         assert TC.TINY_MASK_TOKEN_ID not in lang[i]["tokens"]
 

@@ -32,7 +32,7 @@ STEPS = 200  # the registry's tiny budget
 
 
 def held_out(cfg):
-    return B.SyntheticMultiModal(TINY.vocab_size, block_size=cfg.block_size,
+    return B.SyntheticMultiModal(TINY.vocab_size, block_size=cfg.drafter.block_size,
                                  seq_len=cfg.seq_len, temperature=cfg.verify_temperature,
                                  logit_scale=cfg.synthetic_logit_scale, seed=10**6)
 
@@ -64,7 +64,7 @@ def test_registry_and_overrides():
     cfg = TC.get_experiment("tiny_dblast_k4_al", ["mesh=2,2,2", "lam=0.5", "track_al=false",
                                                   "num_steps=1e3", "target_layer_ids=0,2"])
     assert cfg.mesh == (2, 2, 2) and cfg.lam == 0.5 and cfg.track_al is False
-    assert cfg.num_steps == 1000 and cfg.target_layer_ids == (0, 2)
+    assert cfg.num_steps == 1000 and cfg.drafter.target_layer_ids == (0, 2)
     assert TC.TrainConfig.from_dict(json.loads(cfg.to_json())) == cfg
     with pytest.raises(ValueError, match="no field 'lamda'"):
         TC.apply_overrides(cfg, ["lamda=1"])

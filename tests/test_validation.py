@@ -18,7 +18,8 @@ from conftest import make_corpus as _make_corpus, tiny_cfg, tiny_target
 
 
 def _cfg(**kw):
-    return TC.TrainConfig(target="tiny-llama", block_size=4, seq_len=48, **kw)
+    return TC.TrainConfig(target="tiny-llama", drafter=TC.DrafterSpec(block_size=4), seq_len=48,
+                          **kw)
 
 
 @pytest.mark.parametrize("kw, message", [
@@ -100,7 +101,7 @@ def test_trainer_writes_validation_rows(validated_run):
     held = V.make_validation_source(cfg, tiny_target()[0])
     from dblast_jax.train.batches import make_source
     train_src = make_source("synthetic", vocab_size=tiny_target()[0].vocab_size,
-                            block_size=cfg.block_size, seq_len=cfg.seq_len,
+                            block_size=cfg.drafter.block_size, seq_len=cfg.seq_len,
                             verify_temperature=cfg.verify_temperature, seed=cfg.seed)
     assert not np.array_equal(held[0]["tokens"], train_src[0]["tokens"])
     np.testing.assert_array_equal(held.phrases, train_src.phrases)  # the same language

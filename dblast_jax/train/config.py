@@ -2,9 +2,12 @@
 
 A `TrainConfig` says everything a run needs (drafter shape, objective, optimiser, data
 shape, checkpointing, mesh). It is frozen and hashable, so the jitted train step can be
-cached on it. Launchers pick an experiment by name and change any field with
-`key=value` overrides (`apply_overrides`), so one registry serves a laptop test, the
-SmolLM2 runs of this machine and a Qwen3 run on a TPU pod.
+cached on it. The drafter's shape is one value, `TrainConfig.drafter` (a
+`config.DrafterSpec`; `drafter_config` turns it into the DrafterConfig for the target).
+Launchers pick an experiment by name and change any field with `key=value` overrides
+(`apply_overrides`; the drafter's fields as `drafter.num_categories=4`, the flat names of
+before, e.g. `num_categories=4`, still accepted), so one registry serves a laptop test,
+the SmolLM2 runs of this machine and a Qwen3 run on a TPU pod.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ import math
 import typing
 from typing import Any, Iterable, Optional
 
-from dblast_jax.config import DrafterConfig, TargetConfig
+from dblast_jax.config import (LEGACY_DRAFTER_FIELDS, DrafterConfig, DrafterSpec,
+                               TargetConfig, legacy_drafter_value)
 from dblast_jax.data.corpus import parse_shard_range  # noqa: F401  (moved; the old name)
 from dblast_jax.dtypes import PARAM_DTYPES  # noqa: F401  (re-exported)
 
@@ -34,17 +38,11 @@ class TrainConfig:
     data: str = "synthetic"  # "synthetic", a .jsonl path or a regenerated corpus folder
     data_shards: int = 0  # > 0: only the corpus folder's first N shards (a fixed snapshot)
 
-    # ---- drafter shape
-    drafter_layers: int = 1
-    drafter_intermediate_size: int = 0  # 0: the target's
-    target_layer_ids: tuple[int, ...] = ()  # (): DFlash default for the drafter depth
-    num_categories: int = 1  # K
-    expander_width: int = -1  # -1: automatic (0 for K = 1, max(16, H // 4) otherwise)
-    block_size: int = 16
-    # the token whose embedding row fills the block's masked slots, as in DFlash (the
-    # recipes below set one per target: see SMOLLM2_MASK_TOKEN_ID); -1: a learned mask
-    # embedding instead (DBlast-only: such exports do not load in DFlash / vLLM)
-    mask_token_id: int = -1
+    # ---- drafter shape: layers, block size, K, taps, mask token, expander and MLP widths
+    # (config.DrafterSpec; None fields come from the target). The recipes below set a mask
+    # token per target (see SMOLLM2_MASK_TOKEN_ID); mask_token_id None trains a learned
+    # mask embedding instead (DBlast-only: such exports do not load in DFlash / vLLM)
+    drafter: DrafterSpec = DrafterSpec()
 
     # ---- objective
     loss: str = "dflash"  # "dflash" | "nll" | "nll+al"
@@ -126,9 +124,13 @@ class TrainConfig:
         problems = []
         if self.loss not in LOSSES:
             problems.append(f"loss {self.loss!r} is not one of {LOSSES}")
-        if self.loss == "dflash" and self.num_categories != 1:
-            problems.append(f"loss 'dflash' is the K = 1 loss; num_categories is "
-                            f"{self.num_categories} (use 'nll' or 'nll+al')")
+        if not isinstance(self.drafter, DrafterSpec):
+            raise ValueError(f"invalid TrainConfig {self.name!r}: drafter must be a "
+                             f"DrafterSpec, got {type(self.drafter).__name__}")
+        d = self.drafter
+        if self.loss == "dflash" and d.num_categories != 1:
+            problems.append(f"loss 'dflash' is the K = 1 loss; drafter.num_categories is "
+                            f"{d.num_categories} (use 'nll' or 'nll+al')")
         if self.logp_source not in LOGP_SOURCES:
             problems.append(f"logp_source {self.logp_source!r} is not one of {LOGP_SOURCES}")
         if self.nonfinite_policy not in NONFINITE_POLICIES:
@@ -144,15 +146,13 @@ class TrainConfig:
         if self.data_shards < 0:
             problems.append(f"data_shards must be >= 0, got {self.data_shards}")
         for field in ("num_steps", "batch_size", "anchors_per_sequence", "grad_accum_steps",
-                      "checkpoint_every", "keep_checkpoints", "log_every", "drafter_layers",
-                      "num_categories", "logits_chunk_size"):
+                      "checkpoint_every", "keep_checkpoints", "log_every",
+                      "logits_chunk_size"):
             if getattr(self, field) < 1:
                 problems.append(f"{field} must be >= 1, got {getattr(self, field)}")
-        if self.block_size < 2:
-            problems.append(f"block_size must be >= 2, got {self.block_size}")
-        if self.seq_len < self.block_size + 1:
-            problems.append(f"seq_len {self.seq_len} cannot hold a block of {self.block_size} "
-                            "after a response anchor")
+        if self.seq_len < d.block_size + 1:
+            problems.append(f"seq_len {self.seq_len} cannot hold a block of "
+                            f"drafter.block_size {d.block_size} after a response anchor")
         if self.batch_size % self.grad_accum_steps:
             problems.append(f"batch_size {self.batch_size} is not divisible by "
                             f"grad_accum_steps {self.grad_accum_steps}")
@@ -206,6 +206,15 @@ class TrainConfig:
         return out
 
     def replace(self, **changes: Any) -> "TrainConfig":
+        """A changed copy. The drafter's fields may be given by their flat names of before
+        (block_size=4, num_categories=4, mask_token_id=-1 for a learned mask, ...: see
+        config.LEGACY_DRAFTER_FIELDS) besides a whole `drafter=DrafterSpec(...)`."""
+        flat = {k: changes.pop(k) for k in list(changes) if k in LEGACY_DRAFTER_FIELDS}
+        if flat:
+            spec = changes.get("drafter", self.drafter)
+            changes["drafter"] = spec.replace(**{
+                LEGACY_DRAFTER_FIELDS[k]: legacy_drafter_value(LEGACY_DRAFTER_FIELDS[k], v)
+                for k, v in flat.items()})
         return dataclasses.replace(self, **changes)
 
     # ---- derived -------------------------------------------------------------------
@@ -225,25 +234,28 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
+        """From `to_dict` / train_config.json: the drafter nested under "drafter", or (the
+        files of runs from before DrafterSpec) in the flat fields drafter_layers,
+        block_size, num_categories, target_layer_ids, mask_token_id, expander_width and
+        drafter_intermediate_size with their placeholders (-1, 0, []): the same config."""
         known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
+        unknown = sorted(set(d) - known - set(LEGACY_DRAFTER_FIELDS))
         if unknown:
             raise ValueError(f"unknown TrainConfig fields {unknown}; known: {sorted(known)}")
+        flat = sorted(set(d) & set(LEGACY_DRAFTER_FIELDS))
+        if flat and "drafter" in d:
+            raise ValueError(f"TrainConfig fields {flat} are the drafter's fields of before "
+                             "TrainConfig.drafter; give them in 'drafter' only")
         hints = typing.get_type_hints(cls)
-        return cls(**{k: _coerce(hints[k], v, k) for k, v in d.items()})
+        kw = {k: _coerce(hints[k], v, k) for k, v in d.items() if k in known}
+        if "drafter" in kw or flat:
+            kw["drafter"] = kw.get("drafter", DrafterSpec()).replace(
+                **dict(drafter_change(k, d[k]) for k in flat))
+        return cls(**kw)
 
     def drafter_config(self, target: TargetConfig) -> DrafterConfig:
-        """The DrafterConfig this run trains on `target`."""
-        kw: dict[str, Any] = {}
-        if self.mask_token_id >= 0:
-            kw["mask_token_id"] = self.mask_token_id
-        return DrafterConfig.for_target(
-            target, num_layers=self.drafter_layers, block_size=self.block_size,
-            num_categories=self.num_categories,
-            expander_width=None if self.expander_width < 0 else self.expander_width,
-            target_layer_ids=tuple(self.target_layer_ids) or None,
-            intermediate_size=self.drafter_intermediate_size or None,
-            name=self.name, **kw)
+        """The DrafterConfig this run trains on `target` (named as the run)."""
+        return self.drafter.for_target(target, name=self.name)
 
 
 # ---- overrides ---------------------------------------------------------------------------
@@ -251,6 +263,24 @@ class TrainConfig:
 def _coerce(hint, value, key: str):
     """Turn a JSON value or a command-line string into the field's type."""
     origin = typing.get_origin(hint)
+    if origin is typing.Union:  # Optional[X]: None, JSON null, or `none` on a command line
+        if value is None or (isinstance(value, str)
+                             and value.strip().lower() in ("", "none", "null")):
+            return None
+        return _coerce(next(a for a in typing.get_args(hint) if a is not type(None)),
+                       value, key)
+    if hint is DrafterSpec:  # the nested "drafter" of to_dict / train_config.json
+        if isinstance(value, DrafterSpec):
+            return value
+        if not isinstance(value, dict):
+            raise ValueError(f"{key}: expected the drafter's fields as a mapping "
+                             f"{sorted(_DRAFTER_HINTS)}, got {value!r}")
+        unknown = sorted(set(value) - set(_DRAFTER_HINTS))
+        if unknown:
+            raise ValueError(f"{key}: unknown drafter fields {unknown}; known: "
+                             f"{sorted(_DRAFTER_HINTS)}")
+        return DrafterSpec(**{k: _coerce(_DRAFTER_HINTS[k], v, f"drafter.{k}")
+                              for k, v in value.items()})
     if origin is tuple:
         if isinstance(value, str):
             text = value.strip().strip("()[]")
@@ -288,28 +318,69 @@ def _coerce(hint, value, key: str):
     return str(value)
 
 
+_DRAFTER_HINTS = typing.get_type_hints(DrafterSpec)
+DRAFTER_PREFIX = "drafter."
+
+
+def drafter_keys() -> list[str]:
+    """The override keys of the drafter's fields: `drafter.FIELD`."""
+    return [DRAFTER_PREFIX + k for k in _DRAFTER_HINTS]
+
+
+def drafter_change(key: str, value: Any) -> Optional[tuple[str, Any]]:
+    """(DrafterSpec field, typed value) for a key that names a drafter field, None for
+    any other key. Keys: `drafter.FIELD` (`none` / JSON null: None), or a flat name of
+    before (config.LEGACY_DRAFTER_FIELDS: drafter_layers, block_size, num_categories,
+    target_layer_ids, mask_token_id, expander_width, drafter_intermediate_size) with its
+    old meaning (mask_token_id=-1: learned mask, expander_width=-1: automatic,
+    drafter_intermediate_size=0: the target's, empty target_layer_ids: DFlash's default).
+    `value`: a command-line string or a JSON value."""
+    if key.startswith(DRAFTER_PREFIX):
+        field = key[len(DRAFTER_PREFIX):]
+        if field not in _DRAFTER_HINTS:
+            raise ValueError(f"override {key}={value!r}: the drafter has no field "
+                             f"{field!r}; fields: {', '.join(drafter_keys())}")
+        return field, _coerce(_DRAFTER_HINTS[field], value, key)
+    field = LEGACY_DRAFTER_FIELDS.get(key)
+    if field is None:
+        return None
+    return field, legacy_drafter_value(field, _coerce(_DRAFTER_HINTS[field], value, key))
+
+
 def apply_overrides(config: TrainConfig, overrides: Iterable[str]) -> TrainConfig:
     """Apply `key=value` strings (command-line overrides) to `config`; every field of
-    TrainConfig may be set. Tuples take comma-separated values (mesh=1,2,1)."""
+    TrainConfig may be set, the drafter's as `drafter.FIELD` (drafter.num_categories=4,
+    drafter.mask_token_id=none) or by their flat names of before (num_categories=4,
+    mask_token_id=-1, ...; see drafter_change). Tuples take comma-separated values
+    (mesh=1,2,1)."""
     hints = typing.get_type_hints(TrainConfig)
     changes: dict[str, Any] = {}
+    drafter: dict[str, Any] = {}
     for item in overrides:
         if "=" not in item:
             raise ValueError(f"override {item!r} must look like key=value")
         key, value = item.split("=", 1)
         key = key.strip()
-        if key not in hints:
+        change = drafter_change(key, value)
+        if change is not None:
+            drafter[change[0]] = change[1]
+            continue
+        if key not in hints or key == "drafter":
+            fields = sorted([k for k in hints if k != "drafter"] + drafter_keys())
             raise ValueError(f"override {item!r}: TrainConfig has no field {key!r}; fields: "
-                             f"{', '.join(sorted(hints))}")
+                             f"{', '.join(fields)}")
         changes[key] = _coerce(hints[key], value, key)
+    if drafter:
+        changes["drafter"] = config.drafter.replace(**drafter)
     return config.replace(**changes) if changes else config
 
 
 # ---- experiment registry -----------------------------------------------------------------
 
 # Mask tokens of the recipes (DFlash fills a block's masked slots with the embedding of a
-# token the text never contains; `mask_token_id=-1` trains a learned mask embedding
-# instead). A recipe run on another target must set its own (`mask_token_id=N`).
+# token the text never contains; `drafter.mask_token_id=none` trains a learned mask
+# embedding instead). A recipe run on another target must set its own
+# (`drafter.mask_token_id=N`).
 # SmolLM2 (vocabulary 49152): 16 = `<empty_output>`, one of the 17 special tokens of its
 # tokenizer (0-16: <|endoftext|>, <|im_start|>, <|im_end|>, then the code / notebook
 # markers of its pre-training data). Chat never uses it, and it occurs in neither shipped
@@ -324,16 +395,22 @@ QWEN3_MASK_TOKEN_ID = 151669
 TINY_MASK_TOKEN_ID = 0
 
 
-def _tiny(**kw) -> TrainConfig:
+def _recipe(base: dict[str, Any], drafter: DrafterSpec, k: int,
+            kw: dict[str, Any]) -> TrainConfig:
+    """The recipe `base` with `drafter` at K = `k` categories, then the fields `kw`."""
+    base.update(kw)
+    return TrainConfig(**base, drafter=drafter.replace(num_categories=k))
+
+
+def _tiny(k: int = 1, **kw) -> TrainConfig:
     """Tiny target, synthetic multi-modal data at T_v = 1.5: seconds per run on a CPU."""
-    base = dict(target="tiny-llama", data="synthetic", drafter_layers=1, block_size=4,
-                mask_token_id=TINY_MASK_TOKEN_ID,
+    drafter = DrafterSpec(num_layers=1, block_size=4, mask_token_id=TINY_MASK_TOKEN_ID)
+    base = dict(target="tiny-llama", data="synthetic",
                 gamma=4.0, verify_temperature=1.5, learning_rate=3e-3, warmup_fraction=0.05,
                 weight_decay=0.0, num_steps=200, batch_size=8, anchors_per_sequence=8,
                 seq_len=48, checkpoint_every=50, keep_checkpoints=2, mesh=(-1, 1, 1),
                 logits_chunk_size=32)
-    base.update(kw)
-    return TrainConfig(**base)
+    return _recipe(base, drafter, k, kw)
 
 
 # SmolLM2's taps: five spread over its 30 layers (DFlash's spacing for five taps). They buy
@@ -341,7 +418,7 @@ def _tiny(**kw) -> TrainConfig:
 SMOLLM2_TARGET_LAYER_IDS = (1, 7, 14, 20, 27)
 
 
-def _smollm2(**kw) -> TrainConfig:
+def _smollm2(k: int = 1, **kw) -> TrainConfig:
     """SmolLM2-135M-Instruct target (runs on this CPU): b = 8 (a 16-token verify costs
     ~3x a decode step here, docs/METHOD.md section 6), one drafter layer reading five
     target taps (a second layer does not pay within a CPU budget, RESULTS.md 4.2), the
@@ -349,26 +426,26 @@ def _smollm2(**kw) -> TrainConfig:
     tokens (none with a feature cache) and the K-fold LM head over B * A * K * (b - 1)
     rows (launch/README.md has the numbers): size batch / seq_len / anchors to the
     machine. The corpus comes from the data issue: pass --data."""
-    base = dict(target="smollm2-135m-instruct", data="", drafter_layers=1, block_size=8,
-                target_layer_ids=SMOLLM2_TARGET_LAYER_IDS, mask_token_id=SMOLLM2_MASK_TOKEN_ID,
-                gamma=4.0, verify_temperature=1.0, learning_rate=1e-3, warmup_fraction=0.04,
+    drafter = DrafterSpec(num_layers=1, block_size=8,
+                          target_layer_ids=SMOLLM2_TARGET_LAYER_IDS,
+                          mask_token_id=SMOLLM2_MASK_TOKEN_ID)
+    base = dict(target="smollm2-135m-instruct", data="", gamma=4.0, verify_temperature=1.0,
+                learning_rate=1e-3, warmup_fraction=0.04,
                 num_steps=1000, batch_size=8, anchors_per_sequence=16, seq_len=256,
                 checkpoint_every=100, keep_checkpoints=3, logits_chunk_size=8192)
-    base.update(kw)
-    return TrainConfig(**base)
+    return _recipe(base, drafter, k, kw)
 
 
-def _qwen3(**kw) -> TrainConfig:
+def _qwen3(k: int = 1, **kw) -> TrainConfig:
     """Qwen3-8B (a local HF folder, --target): DFlash's recipe, b = 16, 5 drafter layers,
     hundreds of anchors per sequence. Sized for a TPU pod / large GPU."""
-    base = dict(target="", data="", drafter_layers=5, block_size=16, gamma=7.0,
-                mask_token_id=QWEN3_MASK_TOKEN_ID,
-                verify_temperature=1.0, learning_rate=6e-4, warmup_fraction=0.04,
+    drafter = DrafterSpec(num_layers=5, block_size=16, mask_token_id=QWEN3_MASK_TOKEN_ID)
+    base = dict(target="", data="", gamma=7.0, verify_temperature=1.0, learning_rate=6e-4,
+                warmup_fraction=0.04,
                 num_steps=60000, batch_size=64, anchors_per_sequence=256, seq_len=2048,
                 checkpoint_every=1000, keep_checkpoints=3, mesh=(-1, 1, 1),
                 logits_chunk_size=16384, logits_row_chunk_size=16384, param_dtype="bfloat16")
-    base.update(kw)
-    return TrainConfig(**base)
+    return _recipe(base, drafter, k, kw)
 
 
 # lam = 10 on the tiny runs (swept on the synthetic data; see launch/README.md); the
@@ -379,28 +456,27 @@ _AL = dict(loss="nll+al", lam=10.0, lam_warmup_fraction=0.05, lam_delay_fraction
 
 EXPERIMENTS: dict[str, TrainConfig] = {
     # tests and demos
-    "tiny_dflash": _tiny(name="tiny_dflash", loss="dflash", num_categories=1),
-    "tiny_k1_al": _tiny(name="tiny_k1_al", num_categories=1, **_AL),
-    "tiny_dblast_k4_nll": _tiny(name="tiny_dblast_k4_nll", loss="nll", num_categories=4),
-    "tiny_dblast_k4_al": _tiny(name="tiny_dblast_k4_al", num_categories=4, **_AL),
+    "tiny_dflash": _tiny(name="tiny_dflash", loss="dflash"),
+    "tiny_k1_al": _tiny(name="tiny_k1_al", **_AL),
+    "tiny_dblast_k4_nll": _tiny(name="tiny_dblast_k4_nll", loss="nll", k=4),
+    "tiny_dblast_k4_al": _tiny(name="tiny_dblast_k4_al", k=4, **_AL),
     # the SmolLM2 reproduction (issue 7)
     "smollm2_dflash_baseline": _smollm2(name="smollm2_dflash_baseline", loss="dflash"),
-    "smollm2_k1_al": _smollm2(name="smollm2_k1_al", num_categories=1, **_AL),
-    "smollm2_dblast_k4_nll": _smollm2(name="smollm2_dblast_k4_nll", loss="nll",
-                                      num_categories=4),
-    "smollm2_dblast_k4_al": _smollm2(name="smollm2_dblast_k4_al", num_categories=4, **_AL),
+    "smollm2_k1_al": _smollm2(name="smollm2_k1_al", **_AL),
+    "smollm2_dblast_k4_nll": _smollm2(name="smollm2_dblast_k4_nll", loss="nll", k=4),
+    "smollm2_dblast_k4_al": _smollm2(name="smollm2_dblast_k4_al", k=4, **_AL),
     # ablation over K (K = 1 is smollm2_k1_al, K = 4 is smollm2_dblast_k4_al); Z_T and the
     # verification mode are evaluation settings of a trained drafter (NAME=DIR@zt=0.5,
     # NAME=DIR@mode=mixture in `dblast eval`), see experiments/README.md
-    "smollm2_dblast_k2_al": _smollm2(name="smollm2_dblast_k2_al", num_categories=2, **_AL),
-    "smollm2_dblast_k8_al": _smollm2(name="smollm2_dblast_k8_al", num_categories=8, **_AL),
+    "smollm2_dblast_k2_al": _smollm2(name="smollm2_dblast_k2_al", k=2, **_AL),
+    "smollm2_dblast_k8_al": _smollm2(name="smollm2_dblast_k8_al", k=8, **_AL),
     # Qwen3 scale (users with accelerators)
     "qwen3_dflash_baseline": _qwen3(name="qwen3_dflash_baseline", loss="dflash"),
-    "qwen3_k1_al": _qwen3(name="qwen3_k1_al", num_categories=1, **_AL),
-    "qwen3_dblast_k4_nll": _qwen3(name="qwen3_dblast_k4_nll", loss="nll", num_categories=4),
-    "qwen3_dblast_k4_al": _qwen3(name="qwen3_dblast_k4_al", num_categories=4, **_AL),
-    "qwen3_dblast_k2_al": _qwen3(name="qwen3_dblast_k2_al", num_categories=2, **_AL),
-    "qwen3_dblast_k8_al": _qwen3(name="qwen3_dblast_k8_al", num_categories=8, **_AL),
+    "qwen3_k1_al": _qwen3(name="qwen3_k1_al", **_AL),
+    "qwen3_dblast_k4_nll": _qwen3(name="qwen3_dblast_k4_nll", loss="nll", k=4),
+    "qwen3_dblast_k4_al": _qwen3(name="qwen3_dblast_k4_al", k=4, **_AL),
+    "qwen3_dblast_k2_al": _qwen3(name="qwen3_dblast_k2_al", k=2, **_AL),
+    "qwen3_dblast_k8_al": _qwen3(name="qwen3_dblast_k8_al", k=8, **_AL),
 }
 
 
@@ -421,8 +497,16 @@ def list_experiments() -> list[str]:
 
 
 def describe(config: TrainConfig, base: Optional[TrainConfig] = None) -> str:
-    """Fields that differ from `base` (default: TrainConfig()) as 'key=value' lines."""
+    """Fields that differ from `base` (default: TrainConfig()) as 'key=value' lines (the
+    drafter's as 'drafter.FIELD=value')."""
     base = base or TrainConfig()
-    rows = [f"{f.name}={getattr(config, f.name)!r}" for f in dataclasses.fields(config)
-            if getattr(config, f.name) != getattr(base, f.name)]
+    rows = []
+    for f in dataclasses.fields(config):
+        mine, theirs = getattr(config, f.name), getattr(base, f.name)
+        if f.name == "drafter":
+            rows += [f"{DRAFTER_PREFIX}{g.name}={getattr(mine, g.name)!r}"
+                     for g in dataclasses.fields(mine)
+                     if getattr(mine, g.name) != getattr(theirs, g.name)]
+        elif mine != theirs:
+            rows.append(f"{f.name}={mine!r}")
     return "\n".join(rows)

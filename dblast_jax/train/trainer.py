@@ -116,7 +116,7 @@ def _make_batcher(data: Any, config: TrainConfig, tcfg: TargetConfig, rows: tupl
     """The batches of this process (rows `rows` of every global batch): a
     `pipeline.BatchIterator` over the grain pipeline for any random-access data, the
     iterator itself for a ready one, `pipeline.IteratorBatcher` for an iterator factory."""
-    b, t = config.block_size, config.seq_len
+    b, t = config.drafter.block_size, config.seq_len
     if data is None:
         data = config.data
     if isinstance(data, str):

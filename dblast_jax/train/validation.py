@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from dblast_jax.config import TargetConfig
+from dblast_jax.config import DrafterSpec, TargetConfig
 from dblast_jax.data import pipeline as pipeline_lib
 from dblast_jax.data import records as records_lib
 from dblast_jax.data.corpus import is_corpus_folder, parse_shard_range
@@ -57,7 +57,7 @@ def make_validation_source(config: TrainConfig, target_config: TargetConfig,
         raise ValueError(f"validation shards {shards!r} need a corpus folder; {data!r} is not "
                          "one")
     return records_lib.make_source(
-        data, vocab_size=target_config.vocab_size, block_size=config.block_size,
+        data, vocab_size=target_config.vocab_size, block_size=config.drafter.block_size,
         seq_len=config.seq_len, verify_temperature=config.verify_temperature, seed=seed,
         num_phrases=config.synthetic_num_phrases, phrase_len=config.synthetic_phrase_len,
         logit_scale=config.synthetic_logit_scale, corpus_shards=stop,
@@ -206,7 +206,8 @@ def validate_drafters(drafters: Mapping[str, Any], target: Any, data: str, *,
         dcfg = d.config
         dparams = params[name]
         cfg = TrainConfig(name=name, target=target.name, data=data, loss="nll",
-                          num_categories=dcfg.num_categories, block_size=dcfg.block_size,
+                          drafter=DrafterSpec(num_categories=dcfg.num_categories,
+                                              block_size=dcfg.block_size),
                           batch_size=batch_size, seq_len=seq_len,
                           anchors_per_sequence=anchors_per_sequence,
                           verify_temperature=verify_temperature, track_al=True)
