@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple, Optional
 
+import chex
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -66,6 +67,9 @@ def _check(hidden: Array, head_weight: Array, head_layout: str, targets: Array) 
     if targets.shape != hidden.shape[:-1]:
         raise ValueError(f"targets shape {targets.shape} must equal hidden's leading shape "
                          f"{hidden.shape[:-1]} (hidden {hidden.shape})")
+    chex.assert_type([hidden, head_weight, targets], [float, float, int],
+                     custom_message="hidden and head_weight must be floating point, targets "
+                                    "integer token ids (inputs 0, 1, 2)")
     return v
 
 

@@ -80,6 +80,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+import chex
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -178,6 +179,9 @@ def _check_logp(logp: Array, shape_bap: tuple[int, int, int]) -> Array:
 
 def masked_anchor_mean(per_anchor: Array, anchor_valid: Array) -> Array:
     """Mean of per-anchor values [B, A] over valid anchors; 0 when there are none."""
+    chex.assert_equal_shape([per_anchor, anchor_valid],
+                            custom_message="masked_anchor_mean: per_anchor values and "
+                                           "anchor_valid must both be [batch, anchors]")
     valid = anchor_valid.astype(bool)
     total = jnp.sum(jnp.where(valid, per_anchor, jnp.zeros_like(per_anchor)))
     return total / jnp.maximum(jnp.sum(valid).astype(per_anchor.dtype), 1.0)
@@ -239,6 +243,7 @@ def mixture_nll_per_anchor(logq: Array, prior_logits: Optional[Array], mask=None
     if position_weights is None:
         w = jnp.ones((b, a, p), logq.dtype)
     else:
+        chex.assert_is_broadcastable(jnp.shape(position_weights), (b, a, p))
         w = jnp.broadcast_to(_as_float(position_weights).astype(logq.dtype), (b, a, p))
     use = (valid & (w != 0))[:, :, None, :]
     # where() before the multiply: w * (-inf) with w = 0 or on a masked slot would be NaN.
@@ -372,6 +377,8 @@ def combined_loss(logq: Array, prior_logits: Optional[Array], logp: Optional[Arr
     # the unweighted mixture NLL, comparable across objectives (== nll without weights)
     block_nll = nll if position_weights is None else masked_anchor_mean(
         mixture_nll_per_anchor(logq, prior_logits, pos_mask, None), anchor_valid)
+    chex.assert_rank([lam, tau], 0, custom_message="combined_loss: lam and tau must be "
+                     "scalars")
     lam_arr = jnp.asarray(lam, logq.dtype)
     metrics = {"nll": nll, "block_nll": block_nll, "lam": lam_arr,
                "valid_anchors": jnp.sum(anchor_valid).astype(jnp.int32)}
@@ -438,6 +445,12 @@ def topk_distill_per_anchor(logq_ids: Array, teacher_logp: Array, logq: Array,
     b, a, k, p, top = logq_ids.shape
     if teacher_logp.shape != (b, a, p, top):
         raise ValueError(f"teacher_logp must be {(b, a, p, top)}, got {teacher_logp.shape}")
+    chex.assert_shape(logq, (b, a, k, p), custom_message="topk_distill_per_anchor: logq must "
+                      f"be [batch, anchors, K, positions] = {(b, a, k, p)} like logq_ids "
+                      f"{tuple(logq_ids.shape)}")
+    if position_weights is not None:
+        chex.assert_shape(position_weights, (p,), custom_message="topk_distill_per_anchor: "
+                          f"position_weights must be [positions] = ({p},)")
     pos_mask = _position_mask(mask, (b, a, p))
     log_post = mixture_posterior(logq, prior_logits, pos_mask)
     log_q = safe_logsumexp(log_post[..., None] + logq_ids, axis=2)  # [B, A, P, k]

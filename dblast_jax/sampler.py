@@ -11,6 +11,7 @@ import functools
 import math
 from typing import Sequence
 
+import chex
 import jax
 import jax.numpy as jnp
 from flax import struct
@@ -29,6 +30,18 @@ def cache_size_for(prompt_width: int, max_new_tokens: int, extra: int = 0,
     """KV cache length: prompt + new tokens (+ a verify block), rounded up to limit recompiles."""
     need = prompt_width + max_new_tokens + extra
     return int(math.ceil(need / multiple) * multiple)
+
+
+def _check_prompts(fn: str, prompt_tokens: Array, prompt_lengths: Array) -> None:
+    """Right-padded prompts [B, T] int and their lengths [B] int (trace-time, free under jit)."""
+    chex.assert_rank(prompt_tokens, 2, custom_message=f"{fn}: prompt_tokens must be "
+                     "[batch, width] (right-padded, see pad_prompts)")
+    chex.assert_type(prompt_tokens, int, custom_message=f"{fn}: prompt_tokens must be "
+                     "integer ids")
+    chex.assert_shape(prompt_lengths, prompt_tokens.shape[:1], custom_message=f"{fn}: "
+                      f"prompt_lengths must be [batch] = [{prompt_tokens.shape[0]}]")
+    chex.assert_type(prompt_lengths, int, custom_message=f"{fn}: prompt_lengths must be "
+                     "integers")
 
 
 def _is_stop(tokens: Array, stop_tokens: Sequence[int]) -> Array:
@@ -84,6 +97,7 @@ def generate_tokens(params, prompt_tokens: Array, prompt_lengths: Array, rng: Ar
     Returns (tokens [B, max_new_tokens] int32 with PAD_ID after each row's end,
     num_generated [B] int32 counting the stop token if one was emitted).
     """
+    _check_prompts("generate_tokens", prompt_tokens, prompt_lengths)
     n = sampling.max_new_tokens
     logits, _, cache = target_lm.prefill(params, prompt_tokens, prompt_lengths, config=config,
                                          cache_size=cache_size, last_logits_only=True)
@@ -255,6 +269,8 @@ def _spec_init(tparams, dparams, prompt_tokens: Array, prompt_lengths: Array, rn
                tcfg: TargetConfig, dcfg, sampling: SamplingConfig, cache_size: int) -> SpecState:
     """Target prefill (with feature taps), the first token, and the draft cache."""
     from dblast_jax.models import drafter as drafter_lm
+    _check_prompts("speculative_generate_tokens", prompt_tokens, prompt_lengths)
+    drafter_lm.check_drafter_fits_target(dcfg, tcfg)
     logits, taps, target_cache = target_lm.prefill(
         tparams, prompt_tokens, prompt_lengths, config=tcfg, cache_size=cache_size,
         tap_layers=dcfg.target_layer_ids, last_logits_only=True)

@@ -24,10 +24,24 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import chex
 import jax
 import jax.numpy as jnp
 
 Array = jax.Array
+
+
+def _check_block(fn: str, target: Array, drafts: Array) -> None:
+    """target [B, b, V] (logits or probabilities) and drafts [B, b-1] int: trace-time checks."""
+    chex.assert_rank(target, 3, custom_message=f"{fn}: the target's scores must be "
+                     "[batch, block, vocab]")
+    chex.assert_type(target, float, custom_message=f"{fn}: the target's scores must be "
+                     "floating point")
+    b, blk = target.shape[:2]
+    chex.assert_shape(drafts, (b, blk - 1), custom_message=f"{fn}: drafts must be "
+                      f"[batch, block - 1] = {(b, blk - 1)} for target scores "
+                      f"{tuple(target.shape)}")
+    chex.assert_type(drafts, int, custom_message=f"{fn}: drafts must be integer token ids")
 
 
 class Verdict(NamedTuple):
@@ -52,6 +66,7 @@ def verify_greedy(target_logits: Array, drafts: Array) -> Verdict:
 
     target_logits: [B, b, V]; drafts: [B, b-1] int32.
     """
+    _check_block("verify_greedy", target_logits, drafts)
     best = jnp.argmax(target_logits, axis=-1).astype(jnp.int32)  # [B, b]
     match = drafts == best[:, :-1]
     n = leading_run(match)
@@ -71,6 +86,12 @@ def verify_block(rng_accept: Array, rng_residual: Array, target_probs: Array, dr
     All of it runs in float32: narrower inputs (bfloat16 probabilities) are upcast first
     (a no-op for float32 inputs).
     """
+    _check_block("verify_block", target_probs, drafts)
+    chex.assert_shape(proposal, drafts.shape + target_probs.shape[-1:],
+                      custom_message="verify_block: proposal must be [batch, block - 1, vocab] "
+                                     f"= {drafts.shape + target_probs.shape[-1:]}")
+    chex.assert_type(proposal, float, custom_message="verify_block: proposal must be "
+                     "floating point (probabilities)")
     target_probs = target_probs.astype(jnp.float32)
     proposal = proposal.astype(jnp.float32)
     b1 = drafts.shape[1]
@@ -96,6 +117,8 @@ def verify_block(rng_accept: Array, rng_residual: Array, target_probs: Array, dr
 
 def one_hot_proposal(drafts: Array, vocab_size: int) -> Array:
     """greedy-branch: Q_i = one-hot(d_i). drafts [B, n] -> [B, n, V] float32."""
+    chex.assert_rank(drafts, 2, custom_message="one_hot_proposal: drafts must be [batch, n]")
+    chex.assert_type(drafts, int, custom_message="one_hot_proposal: drafts must be integer ids")
     return jax.nn.one_hot(drafts, vocab_size, dtype=jnp.float32)
 
 
@@ -111,8 +134,25 @@ def mixture_proposal(branch_tokens: Array, branch_probs: Array | None, drafts: A
     post(z | d_<i) is proportional to pi'(z) prod_{j<i} q_j(d_j | z).
     Computed in float32 whatever the input dtype; returns [B, n, V] float32.
     """
+    chex.assert_rank(drafts, 2, custom_message="mixture_proposal: drafts must be [batch, n]")
+    chex.assert_type(drafts, int, custom_message="mixture_proposal: drafts must be integer ids")
+    chex.assert_rank(draw_probs, 2, custom_message="mixture_proposal: draw_probs must be "
+                     "[batch, K]")
+    (b, n), k = drafts.shape, draw_probs.shape[1]
+    chex.assert_shape(draw_probs, (b, k), custom_message=f"mixture_proposal: draw_probs must "
+                      f"be [batch, K] with the batch {b} of drafts")
     if branch_probs is None:
+        chex.assert_not_both_none(branch_tokens, branch_probs,
+                                  custom_message="mixture_proposal: pass branch_tokens "
+                                                 "(greedy branches) or branch_probs")
+        chex.assert_shape(branch_tokens, (b, k, n), custom_message="mixture_proposal: "
+                          f"branch_tokens must be [batch, K, n] = {(b, k, n)}")
+        chex.assert_type(branch_tokens, int, custom_message="mixture_proposal: branch_tokens "
+                         "must be integer ids")
         branch_probs = jax.nn.one_hot(branch_tokens, vocab_size, dtype=jnp.float32)
+    v = vocab_size if isinstance(vocab_size, int) else None  # None: any (a traced size)
+    chex.assert_shape(branch_probs, (b, k, n, v), custom_message="mixture_proposal: "
+                      f"branch_probs must be [batch, K, n, vocab] = {(b, k, n, v)}")
     branch_probs = branch_probs.astype(jnp.float32)
     draw_probs = draw_probs.astype(jnp.float32)
     q_at_draft = jnp.take_along_axis(

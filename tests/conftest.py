@@ -274,3 +274,35 @@ def hf_from_gguf(path, head_dim=None):
     assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
     model.tie_weights()
     return model.eval()
+
+
+# ---- "compiled once" tests: count traces with chex ----
+# `limit_traces` swaps a module-level function that a jitted entry point calls while it is
+# traced (e.g. `sampler._spec_init`, called once per trace of `speculative_generate_tokens`)
+# for `chex.assert_max_traces(fn, n)`: a further trace fails at once, naming the function.
+# The returned list records every traced call, so a test can also check that the compile
+# it guards really happened (a cached executable from an earlier test traces nothing).
+
+import itertools  # noqa: E402
+
+import chex  # noqa: E402
+
+_ids = itertools.count()
+
+
+def limit_traces(monkeypatch, module, name: str, n: int = 1) -> list:
+    """Fail on the (n+1)-th trace of `module.<name>` (for the rest of the test); -> the
+    record of traced calls (one entry each)."""
+    original = getattr(module, name)
+    traced = []
+
+    def recorded(*args, **kwargs):
+        if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs))):
+            traced.append(name)
+        return original(*args, **kwargs)
+
+    # chex keys its counter on the function's name and source: a fresh name per call gives
+    # each limit its own count (parametrised tests, two limits in one test)
+    recorded.__name__ = f"{module.__name__}.{name}[{next(_ids)}]"
+    monkeypatch.setattr(module, name, chex.assert_max_traces(recorded, n=n))
+    return traced

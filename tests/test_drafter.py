@@ -402,3 +402,20 @@ def test_errors_are_clear():
     with pytest.raises(ValueError, match="overflows the draft cache of size 8"):
         D.append_context(dp, jnp.zeros((1, 4, 2, 40)), jnp.array([6]), cache,
                          drafter_config=dc)
+    # chex at the entry (trace time): the function, the argument and the shapes are named
+    with pytest.raises(AssertionError, match=r"append_context: positions must be \[batch\]"):
+        D.append_context(dp, jnp.zeros((1, 4, 2, 40)), jnp.array([0, 0]), cache,
+                         drafter_config=dc)
+    with pytest.raises(AssertionError, match="taps .* must be floating point"):
+        D.context_features(dp, jnp.zeros((1, 3, 2, 40), jnp.int32), drafter_config=dc)
+    with pytest.raises(AssertionError, match=r"draft_hidden: anchor_positions must be"):
+        D.draft_hidden(dp, {}, jnp.zeros((1,), jnp.int32), jnp.zeros((2,), jnp.int32), cache,
+                       drafter_config=dc, target_config=qwen)
+    with pytest.raises(AssertionError, match=r"draft_hidden: every KV cache buffer"):
+        D.draft_hidden(dp, {}, jnp.zeros((2,), jnp.int32), jnp.zeros((2,), jnp.int32), cache,
+                       drafter_config=dc, target_config=qwen)
+    with pytest.raises(AssertionError, match=r"train_hidden: anchors must have batch 1"):
+        D.train_hidden(dp, {}, jnp.zeros((1, 3, 2, 40)), jnp.zeros((1, 3), jnp.int32),
+                       jnp.zeros((2, 1), jnp.int32), drafter_config=dc, target_config=qwen)
+    with pytest.raises(AssertionError, match=r"select_branch: branch must be \[batch\]"):
+        D.select_branch(jnp.zeros((2, 4, 3, 40)), jnp.zeros((3,), jnp.int32))

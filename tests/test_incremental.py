@@ -194,3 +194,27 @@ def test_bfloat16_incremental_runs_and_is_close(config):
     assert np.isfinite(b).all()
     assert np.abs(a - b).max() <= 0.1 * np.abs(a).max()
     np.testing.assert_array_equal(np.asarray(c16.lengths), np.asarray(lengths) + 1)
+
+
+def test_shape_and_dtype_errors_name_the_argument():
+    """chex checks at the entry (trace time: free under jit) name the function, the
+    argument and both shapes, before any compute."""
+    config = CONFIGS[0]
+    params = _params(config)
+    tokens = jnp.zeros((B, WIDTH), jnp.int32)
+    with pytest.raises(AssertionError, match=r"prefill: tokens must be \[batch, time\]"):
+        target.prefill(params, tokens[0], jnp.array([2]), config=config, cache_size=CACHE)
+    with pytest.raises(AssertionError, match=r"shape \(2,\) but expected \(3\).*prefill: lengths"):
+        target.prefill(params, tokens, jnp.array([2, 2]), config=config, cache_size=CACHE)
+    with pytest.raises(AssertionError, match="prefill: tokens must be integer ids"):
+        target.prefill(params, tokens.astype(jnp.float32), jnp.array([2, 2, 2]),
+                       config=config, cache_size=CACHE)
+    cache = target.init_cache(config, B, CACHE)
+    with pytest.raises(AssertionError, match=r"extend: positions must be \[batch\]"):
+        target.extend(params, tokens[:, :1], jnp.zeros((B, 1), jnp.int32), cache,
+                      config=config)
+    small = target.init_cache(config, B - 1, CACHE)
+    with pytest.raises(AssertionError, match=r"extend: every KV cache buffer must be"):
+        target.extend(params, tokens[:, :1], jnp.zeros((B,), jnp.int32), small, config=config)
+    with pytest.raises(AssertionError, match="lm_head: hidden must be"):
+        target.lm_head(params, jnp.zeros((B, config.hidden_size + 1)), config)

@@ -3,6 +3,7 @@ differences, -inf safety, and unbiasedness of the AL estimate on an enumerable t
 
 import itertools
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -277,19 +278,60 @@ def test_combined_loss_and_jit():
     loss, met = fn(*args, 0.3, 0.05)
     nll = L.mixture_nll(args[0], args[1], args[3])
     sur = L.al_surrogate(*args, tau=0.05)
-    np.testing.assert_allclose(float(met["nll"]), float(nll), rtol=1e-6)
-    np.testing.assert_allclose(float(met["al_surrogate"]), float(sur), rtol=1e-6)
-    np.testing.assert_allclose(float(loss), float(nll) + 0.3 * float(sur), rtol=1e-6)
     al = L.al_estimate(*args)
     anchors = mask.any(-1)
-    np.testing.assert_allclose(float(met["al_estimate"]), float(al[anchors].mean()), rtol=1e-6)
-    np.testing.assert_allclose(float(met["predicted_tau"]), 1 + float(al[anchors].mean()),
-                               rtol=1e-6)
+    al_mean = al[anchors].mean()
+    chex.assert_trees_all_close(
+        {k: met[k] for k in ("nll", "block_nll", "al_surrogate", "al_estimate",
+                             "predicted_tau", "loss")},
+        {"nll": nll, "block_nll": nll, "al_surrogate": sur, "al_estimate": al_mean,
+         "predicted_tau": 1 + al_mean, "loss": nll + 0.3 * sur}, rtol=1e-6)
+    chex.assert_trees_all_close(loss, met["loss"], rtol=0)
     assert int(met["valid_anchors"]) == anchors.sum()
     assert 0.0 < float(met["retained_fraction"]) <= 1.0
     loss0, met0 = L.combined_loss(args[0], args[1], None, args[3], lam=1.0)
-    np.testing.assert_allclose(float(loss0), float(nll), rtol=1e-6)
+    chex.assert_trees_all_close(loss0, nll, rtol=1e-6)
     assert "al_estimate" not in met0
+
+
+class LossVariantsTest(chex.TestCase):
+    """The losses with and without jit (chex variants) against the numpy references."""
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_dflash_loss(self):
+        logq, _, _, mask = make_case(0, k=1, neg_frac=0.0)
+        got = self.variant(L.dflash_loss)(jnp.asarray(logq, jnp.float32), jnp.asarray(mask),
+                                          4.0)
+        chex.assert_trees_all_close(got, ref_dflash(logq[:, :, 0], mask, 4.0), rtol=1e-5)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_mixture_nll(self):
+        logq, prior, _, mask = make_case(1, neg_frac=0.0)
+        w = np.exp(-np.arange(logq.shape[-1]) / 3.0)
+        got = self.variant(L.mixture_nll)(*f32(logq, prior), jnp.asarray(mask), jnp.asarray(w))
+        chex.assert_trees_all_close(got, ref_nll(logq, prior, mask, w), rtol=1e-5)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_al_estimate_and_surrogate(self):
+        logq, prior, logp, mask = make_case(2)
+        fn = self.variant(lambda *a: (L.al_estimate(*a), L.al_surrogate(*a, tau=0.05)))
+        al, sur = fn(*f32(logq, prior, logp), jnp.asarray(mask))
+        chex.assert_trees_all_close(
+            (al, sur), (ref_al(logq, prior, logp, mask),
+                        ref_surrogate(logq, prior, logp, mask, 0.05)[0]), rtol=1e-5, atol=1e-7)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_combined_loss(self):
+        logq, prior, logp, mask = make_case(3, neg_frac=0.0)
+        w = np.exp(-np.arange(logq.shape[-1]) / 3.0)
+        fn = self.variant(lambda *a: L.combined_loss(*a, lam=0.5, tau=0.05,
+                                                     position_weights=jnp.asarray(w)))
+        loss, met = fn(*f32(logq, prior, logp), jnp.asarray(mask))
+        nll = ref_nll(logq, prior, mask, w)
+        sur = ref_surrogate(logq, prior, logp, mask, 0.05)[0]
+        chex.assert_trees_all_close(
+            (loss, met["nll"], met["block_nll"], met["al_surrogate"]),
+            (nll + 0.5 * sur, nll, ref_nll(logq, prior, mask), sur), rtol=1e-5)
 
 
 def test_everything_masked_is_zero_not_nan():
@@ -506,3 +548,14 @@ def test_shape_errors_name_the_problem():
         L.mixture_nll(logq, None)
     with pytest.raises(ValueError, match="tau"):
         L.al_surrogate(logq, jnp.zeros((2, 3, 4)), jnp.zeros((2, 3, 5)), tau=-0.1)
+    # chex at the entry where nothing else checks (shapes named in the message)
+    with pytest.raises(AssertionError, match=r"different shapes.*masked_anchor_mean"):
+        L.masked_anchor_mean(jnp.zeros((2, 3)), jnp.ones((2, 1), bool))
+    with pytest.raises(AssertionError, match=r"\(7,\) is not broadcastable"):
+        L.mixture_nll(logq, jnp.zeros((2, 3, 4)), position_weights=jnp.ones(7))
+    with pytest.raises(AssertionError, match="lam and tau must be scalars"):
+        L.combined_loss(logq, jnp.zeros((2, 3, 4)), None, lam=jnp.ones(2))
+    ids = jnp.zeros((2, 3, 4, 5, 2))
+    with pytest.raises(AssertionError, match=r"logq must be .* \(2, 3, 4, 5\)"):
+        L.topk_distill_per_anchor(ids, jnp.zeros((2, 3, 5, 2)), jnp.zeros((2, 3, 4, 6)),
+                                  jnp.zeros((2, 3, 4)))

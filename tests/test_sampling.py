@@ -4,7 +4,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import limit_traces
 
+from dblast_jax import sampler as sampler_lib
 from dblast_jax.config import SamplingConfig, TargetConfig
 from dblast_jax.models import target as T
 from dblast_jax.sampler import PAD_ID, generate_tokens, pad_prompts
@@ -150,14 +152,19 @@ def test_sampled_first_token_distribution_matches_target():
     assert stats.chi2.sf(chi2, max(support.sum() - 1, 1)) > 1e-4
 
 
-def test_second_call_does_not_recompile():
+def test_second_call_does_not_recompile(monkeypatch):
+    """Other prompts of the same padded width, other lengths and seeds: one compile."""
     config = TargetConfig.tiny_llama()
     params = T.init_params(config, 0)
     tokens, lengths = pad_prompts([[1, 2, 3]])
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=4)
+    traces = limit_traces(monkeypatch, sampler_lib, "_plain_body", n=1)
     generate_tokens(params, tokens, lengths, jax.random.key(0), config=config,
                     sampling=sampling, cache_size=32)
     before = generate_tokens._cache_size()
     generate_tokens(params, tokens + 1, lengths, jax.random.key(1), config=config,
                     sampling=sampling, cache_size=32)
+    generate_tokens(params, tokens, lengths - 1, jax.random.key(2), config=config,
+                    sampling=sampling, cache_size=32)
     assert generate_tokens._cache_size() == before
+    assert len(traces) <= 1  # 0 if an earlier test compiled these shapes already

@@ -10,12 +10,15 @@ broken verifier must fail, which shows it has power.
 
 import itertools
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import chi_square_pvalue  # tests/ is on sys.path (pytest "prepend" mode)
+from conftest import limit_traces
 
+from dblast_jax import sampler as sampler_lib
 from dblast_jax import verify
 from dblast_jax.config import DrafterConfig, SamplingConfig, TargetConfig
 from dblast_jax.models import drafter as D
@@ -262,7 +265,11 @@ def test_while_loop_equals_reference_implementation():
     assert sum(len(a) for a in ref_acc) > 0 and max(max(a) for a in ref_acc) > 0
 
 
-def test_python_driven_loop_and_no_recompilation():
+def test_python_driven_loop_and_no_recompilation(monkeypatch):
+    """One compile per (shapes, configs): other prompts of the same padded width, other
+    lengths and other seeds reuse the while_loop's executable (the sampling settings are
+    static: another SamplingConfig is another compile, by design). The Python-driven loop
+    compiles its step once for all its iterations."""
     tc = TargetConfig.tiny_llama()
     tp = T.init_params(tc, 0)
     dc = DrafterConfig.for_target(tc, num_layers=1, block_size=4, num_categories=2)
@@ -271,13 +278,19 @@ def test_python_driven_loop_and_no_recompilation():
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=8)
     kwargs = dict(target_config=tc, drafter_config=dc, sampling=sampling,
                   cache_size=spec_cache_size(tokens.shape[1], sampling, dc.block_size))
+    loop_traces = limit_traces(monkeypatch, sampler_lib, "_spec_init", n=1)
     a = speculative_generate_tokens(tp, dp, tokens, lengths, jax.random.key(1), **kwargs)
     size = speculative_generate_tokens._cache_size()
     speculative_generate_tokens(tp, dp, tokens + 1, lengths, jax.random.key(2), **kwargs)
+    speculative_generate_tokens(tp, dp, tokens, jnp.asarray([1, 2], jnp.int32),
+                                jax.random.key(3), **kwargs)
     assert speculative_generate_tokens._cache_size() == size
+    assert len(loop_traces) <= 1  # 0 if an earlier test compiled these shapes already
+    monkeypatch.undo()  # python_driven_speculative jits _spec_init afresh
+    step_traces = limit_traces(monkeypatch, sampler_lib, "_spec_body", n=1)
     b = python_driven_speculative(tp, dp, tokens, lengths, jax.random.key(1), **kwargs)
-    for x, y in zip(a, b):
-        np.testing.assert_array_equal(x, y)
+    assert len(step_traces) == 1 and int(np.max(np.sum(np.asarray(a[2]) >= 0, axis=1))) > 1
+    chex.assert_trees_all_equal(tuple(a), tuple(b))
 
 
 def test_stop_tokens_truncate_inside_an_accepted_block():
@@ -339,3 +352,40 @@ def test_al_estimate_predicts_the_samplers_accepted_count(tiny, mode):
                                            logp[:, None]))[:, 0]
     se = np.sqrt(al.var() / al.size + first_step.var() / first_step.size)
     assert abs(al.mean() - first_step.mean()) < 4 * se, (al.mean(), first_step.mean(), se)
+
+
+def test_verifier_and_sampler_shape_errors_name_the_argument():
+    """chex checks at the entry of the verifier and the samplers (trace time, free under
+    jit): the function, the argument and the expected shape are named."""
+    k = jax.random.key(0)
+    probs = jnp.full((2, 4, 6), 1 / 6)
+    drafts = jnp.zeros((2, 3), jnp.int32)
+    with pytest.raises(AssertionError, match=r"verify_greedy: drafts must be \[batch, block - 1\]"
+                                             r" = \(2, 3\)"):
+        verify.verify_greedy(probs, drafts[:, :2])
+    with pytest.raises(AssertionError, match="verify_block: drafts must be integer token ids"):
+        verify.verify_block(k, k, probs, drafts.astype(jnp.float32), probs[:, :3])
+    with pytest.raises(AssertionError, match=r"verify_block: proposal must be .* \(2, 3, 6\)"):
+        verify.verify_block(k, k, probs, drafts, probs)
+    with pytest.raises(AssertionError, match=r"branch_tokens must be \[batch, K, n\]"):
+        verify.mixture_proposal(jnp.zeros((2, 5, 3), jnp.int32), None, drafts,
+                                jnp.full((2, 4), 0.25), 6)
+    with pytest.raises(AssertionError, match="pass branch_tokens"):
+        verify.mixture_proposal(None, None, drafts, jnp.full((2, 4), 0.25), 6)
+    tc = TargetConfig.tiny_llama()
+    dc = DrafterConfig.for_target(tc, num_layers=1, block_size=4)
+    sampling = SamplingConfig(max_new_tokens=2)
+    with pytest.raises(AssertionError, match=r"speculative_generate_tokens: prompt_lengths "
+                                             r"must be \[batch\] = \[1\]"):
+        speculative_generate_tokens({}, {}, jnp.zeros((1, 4), jnp.int32),
+                                    jnp.zeros((2,), jnp.int32), k, target_config=tc,
+                                    drafter_config=dc, sampling=sampling, cache_size=16)
+    with pytest.raises(ValueError, match="does not match the target's hidden_size"):
+        speculative_generate_tokens({}, {}, jnp.zeros((1, 4), jnp.int32),
+                                    jnp.ones((1,), jnp.int32), k, target_config=tc,
+                                    drafter_config=dc.replace(hidden_size=8),
+                                    sampling=sampling, cache_size=16)
+    with pytest.raises(AssertionError, match=r"generate_tokens: prompt_tokens must be "
+                                             r"\[batch, width\]"):
+        generate_tokens({}, jnp.zeros((4,), jnp.int32), jnp.ones((1,), jnp.int32), k,
+                        config=tc, sampling=sampling, cache_size=16)

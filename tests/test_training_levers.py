@@ -12,8 +12,10 @@ import jax.numpy as jnp
 from dblast_jax import losses
 from dblast_jax.chunked_logits import teacher_topk, token_logprobs
 from dblast_jax.train import distill
+from dblast_jax.train import step as step_lib
 from dblast_jax.train import trainer as TR
 from conftest import corpus_cfg as _cfg, train_quietly as _train  # `corpus`: a conftest fixture
+from conftest import limit_traces
 
 
 def _log_softmax(z):
@@ -130,9 +132,16 @@ def test_topk_distill_matches_brute_force(kz):
     assert np.all(np.isfinite(np.asarray(grads)))
 
 
-def test_distillation_trains_and_cached_teacher_equals_live(corpus, tmp_path):  # noqa: F811
+def test_distillation_trains_and_cached_teacher_equals_live(corpus, tmp_path,  # noqa: F811
+                                                           monkeypatch):
     more = ("distill_weight=1.0", "distill_topk=8", "num_steps=6", "checkpoint_every=6")
+    # The train step is traced once per run: all 6 steps reuse the first step's program
+    # (chex.assert_max_traces on the loss inside the step fails at a second trace). No
+    # other test uses this step config, so `compiled_train_step` builds it afresh here.
+    traces = limit_traces(monkeypatch, step_lib, "loss_terms", n=1)
     live = _train(_cfg(corpus, *more), tmp_path / "live")
+    assert len(traces) == 1
+    monkeypatch.undo()
     cached = _train(_cfg(corpus, *more, f"feature_cache={tmp_path / 'fc'}"),
                     tmp_path / "cached")
     for a, b in zip(live.history, cached.history):

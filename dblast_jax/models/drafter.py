@@ -40,6 +40,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -267,12 +268,19 @@ def context_features(dparams: Params, taps: Array, *, drafter_config: DrafterCon
     return _features(_module(dparams, drafter_config), taps, _dtype_of(dparams))
 
 
+def _check_draft_cache(fn: str, cache: KVCache, batch: int, config: DrafterConfig) -> None:
+    target_lib.check_cache(fn, cache, batch, config.num_layers, config.num_kv_heads,
+                           config.head_dim)
+
+
 def _check_taps(taps, config: DrafterConfig) -> None:
     n = len(config.target_layer_ids)
     if taps.ndim != 4 or taps.shape[2] != n or taps.shape[3] != config.hidden_size:
         raise ValueError(f"taps must be [B, T, {n}, {config.hidden_size}] (one slice per "
                          f"target layer id {list(config.target_layer_ids)}); got "
                          f"{tuple(taps.shape)}")
+    chex.assert_type(taps, float, custom_message="taps (target hidden states) must be "
+                     "floating point")
 
 
 def init_draft_cache(drafter_config: DrafterConfig, batch: int, size: int,
@@ -297,6 +305,11 @@ def append_context(dparams: Params, taps: Array, positions: Array, cache: KVCach
     """
     _check_taps(taps, drafter_config)
     b, t = taps.shape[:2]
+    positions = jnp.asarray(positions)
+    chex.assert_shape(positions, (b,), custom_message=f"append_context: positions must be "
+                      f"[batch] = [{b}] like taps {tuple(taps.shape)}")
+    chex.assert_type(positions, int, custom_message="append_context: positions must be integers")
+    _check_draft_cache("append_context", cache, b, drafter_config)
     if t > cache.size:
         raise ValueError(f"{t} context positions do not fit in a draft cache of size "
                          f"{cache.size}")
@@ -403,7 +416,19 @@ def draft_hidden(dparams: Params, tparams: Params, anchor_tokens: Array,
     `branch_logits`; for greedy-branch decoding pick it first with `select_branch`.
     """
     del target_config  # the target's embedding comes in via tparams
-    anchor_positions = jnp.asarray(anchor_positions, jnp.int32)
+    anchor_tokens = jnp.asarray(anchor_tokens)
+    chex.assert_rank(anchor_tokens, 1, custom_message="draft_hidden: anchor_tokens must be "
+                     "[batch] (one anchor per row)")
+    chex.assert_type(anchor_tokens, int, custom_message="draft_hidden: anchor_tokens must be "
+                     "integer ids")
+    anchor_positions = jnp.asarray(anchor_positions)
+    chex.assert_shape(anchor_positions, anchor_tokens.shape,
+                      custom_message="draft_hidden: anchor_positions must be [batch] like "
+                                     "anchor_tokens")
+    chex.assert_type(anchor_positions, int,
+                     custom_message="draft_hidden: anchor_positions must be integers")
+    _check_draft_cache("draft_hidden", cache, anchor_tokens.shape[0], drafter_config)
+    anchor_positions = anchor_positions.astype(jnp.int32)
     model = _module(dparams, drafter_config)
     x = _block_embeddings(model, drafter_config, tparams, anchor_tokens[:, None],
                           _dtype_of(dparams))
@@ -435,11 +460,18 @@ def train_hidden(dparams: Params, tparams: Params, taps: Array, tokens: Array,
     """
     del target_config
     _check_taps(taps, drafter_config)
+    chex.assert_rank(tokens, 2, custom_message="train_hidden: tokens must be [batch, time]")
+    chex.assert_type(tokens, int, custom_message="train_hidden: tokens must be integer ids")
     b, t = tokens.shape
     if taps.shape[:2] != (b, t):
         raise ValueError(f"taps {tuple(taps.shape)} and tokens {tuple(tokens.shape)} "
                          "disagree on [B, T]")
-    anchors = jnp.asarray(anchors, jnp.int32)
+    anchors = jnp.asarray(anchors)
+    chex.assert_rank(anchors, 2, custom_message="train_hidden: anchors must be [batch, anchors]")
+    chex.assert_axis_dimension(anchors, 0, b, custom_message=f"train_hidden: anchors must have "
+                               f"batch {b} like tokens {tuple(tokens.shape)}")
+    chex.assert_type(anchors, int, custom_message="train_hidden: anchors must be integers")
+    anchors = anchors.astype(jnp.int32)
     model = _module(dparams, drafter_config)
     feats = _features(model, taps, _dtype_of(dparams))
     ctx_pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
@@ -457,7 +489,13 @@ def select_branch(branch_hidden: Array, branch: Array) -> Array:
 
     Greedy-branch decoding samples z from the prior first and then projects only branch
     z, avoiding the K-fold LM head (the dominant draft cost, see docs/METHOD.md section 6)."""
-    idx = jnp.asarray(branch, jnp.int32)[:, None, None, None]
+    branch = jnp.asarray(branch)
+    chex.assert_rank(branch_hidden, 4, custom_message="select_branch: branch_hidden must be "
+                     "[batch, K, positions, hidden]")
+    chex.assert_shape(branch, branch_hidden.shape[:1],
+                      custom_message="select_branch: branch must be [batch]")
+    chex.assert_type(branch, int, custom_message="select_branch: branch must be integers")
+    idx = branch.astype(jnp.int32)[:, None, None, None]
     return jnp.take_along_axis(branch_hidden, idx, axis=1)[:, 0]
 
 

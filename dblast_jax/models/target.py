@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import chex
 import jax
 import jax.numpy as jnp
 from flax import nnx, struct
@@ -106,11 +107,15 @@ def num_params(params: Params) -> int:
 
 def embed(params: Params, tokens: Array) -> Array:
     """tokens [B, T] int -> embeddings [B, T, H] in the parameter dtype."""
+    chex.assert_type(tokens, int, custom_message="embed: token ids must be integers")
     return jnp.take(params["embed"]["embedding"], tokens, axis=0)
 
 
 def lm_head(params: Params, hidden: Array, config: TargetConfig) -> Array:
     """Final-normed hidden [.., H] -> float32 logits [.., V] (tied or untied head)."""
+    chex.assert_axis_dimension(hidden, -1, config.hidden_size,
+                               custom_message="lm_head: hidden must be [.., hidden_size]")
+    chex.assert_type(hidden, float, custom_message="lm_head: hidden must be floating point")
     if config.tie_word_embeddings:
         w = params["embed"]["embedding"]
         return jnp.einsum("...h,vh->...v", hidden, w, preferred_element_type=jnp.float32)
@@ -123,6 +128,32 @@ def init_cache(config: TargetConfig, batch: int, size: int, dtype=jnp.float32) -
     zeros = tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
     return KVCache(k=zeros, v=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
                    lengths=jnp.zeros((batch,), jnp.int32))
+
+
+def _check_tokens(fn: str, tokens, row_values, row_name: str) -> None:
+    """Trace-time (free under jit) shape / dtype checks shared by `prefill` / `extend`:
+    tokens [B, T] int and a per-row int vector [B] (prompt lengths or start positions)."""
+    chex.assert_rank(tokens, 2, custom_message=f"{fn}: tokens must be [batch, time]")
+    chex.assert_type(tokens, int, custom_message=f"{fn}: tokens must be integer ids")
+    chex.assert_shape(row_values, (tokens.shape[0],),
+                      custom_message=f"{fn}: {row_name} must be [batch] = "
+                                     f"[{tokens.shape[0]}] like tokens {tuple(tokens.shape)}")
+    chex.assert_type(row_values, int, custom_message=f"{fn}: {row_name} must be integers")
+
+
+def check_cache(fn: str, cache: "KVCache", batch: int, num_layers: int, num_kv_heads: int,
+                head_dim: int) -> None:
+    """A KV cache of `num_layers` K and V buffers, each [batch, S, num_kv_heads, head_dim],
+    and lengths [batch] (trace-time checks)."""
+    if len(cache.k) != num_layers or len(cache.v) != num_layers:
+        raise ValueError(f"{fn}: the KV cache has {len(cache.k)} K / {len(cache.v)} V "
+                         f"buffers for a {num_layers}-layer model")
+    shape = (batch, cache.size, num_kv_heads, head_dim)
+    chex.assert_shape(cache.k + cache.v, shape,
+                      custom_message=f"{fn}: every KV cache buffer must be [batch, size, "
+                                     f"kv_heads, head_dim] = {shape}")
+    chex.assert_shape(cache.lengths, (batch,),
+                      custom_message=f"{fn}: cache.lengths must be [batch] = [{batch}]")
 
 
 def _check_taps(tap_layers: Sequence[int], config: TargetConfig) -> tuple[int, ...]:
@@ -181,6 +212,8 @@ def prefill(params: Params, tokens: Array, lengths: Array, *, config: TargetConf
       `last_logits_only`), taps [B, T, n_taps, H] (hidden states after each layer in
       `tap_layers`, HF `hidden_states[i + 1]`) or None, and the cache with `lengths` set.
     """
+    lengths = jnp.asarray(lengths)
+    _check_tokens("prefill", tokens, lengths, "lengths")
     b, t = tokens.shape
     if t > cache_size:
         raise ValueError(f"prompt length {t} exceeds the KV cache size {cache_size}; "
@@ -217,7 +250,10 @@ def extend(params: Params, tokens: Array, positions: Array, cache: KVCache, *,
     verifying a drafted block (T = b). Returns (logits [B, T, V] float32,
     taps [B, T, n_taps, H] or None, cache with lengths = positions + T).
     """
+    positions = jnp.asarray(positions)
+    _check_tokens("extend", tokens, positions, "positions")
     b, t = tokens.shape
+    check_cache("extend", cache, b, config.num_layers, config.num_kv_heads, config.head_dim)
     taps = _check_taps(tap_layers, config)
     s = cache.size
     if t > s:
@@ -242,6 +278,7 @@ def extend(params: Params, tokens: Array, positions: Array, cache: KVCache, *,
 def forward(params: Params, tokens: Array, *, config: TargetConfig,
             tap_layers: Sequence[int] = ()):
     """Full causal forward without padding: tokens [B, T] -> (logits [B, T, V], taps)."""
+    chex.assert_rank(tokens, 2, custom_message="forward: tokens must be [batch, time]")
     b, t = tokens.shape
     lengths = jnp.full((b,), t, jnp.int32)
     logits, taps, _ = prefill(params, tokens, lengths, config=config, cache_size=t,
