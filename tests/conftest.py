@@ -245,7 +245,38 @@ def check_process_outputs(returncodes, outs, what: str) -> list:
     return outs
 
 
-# ---- the real SmolLM2 on the PyTorch side ----
+# ---- the real SmolLM2 (the GGUF of the smollm2-135m-instruct preset), loaded once ----
+
+@pytest.fixture(scope="session")
+def smollm2_jax():
+    """(TargetConfig, params, tokenizer) from our loader (test_gguf_smollm2.py,
+    test_shipped_dflash.py share it)."""
+    import time
+
+    from dblast_jax.io import fetch
+    from dblast_jax.io.presets import PRESETS, load_preset
+    fetch.fetch(PRESETS["smollm2-135m-instruct"])
+    t = time.perf_counter()
+    out = load_preset("smollm2-135m-instruct")
+    print(f"\n[smollm2] our load_preset (GGUF + tokenizer): {time.perf_counter() - t:.1f}s")
+    return out
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf():
+    """(transformers model, tokenizer) from the same GGUF file."""
+    import time
+
+    from dblast_jax.io import fetch
+    from dblast_jax.io.presets import PRESETS
+    path = fetch.fetch(PRESETS["smollm2-135m-instruct"])
+    t = time.perf_counter()
+    model = hf_from_gguf(path)
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    print(f"\n[smollm2] transformers load: {time.perf_counter() - t:.1f}s")
+    return model, tok
+
 
 def hf_from_gguf(path, head_dim=None):
     """transformers' model for a GGUF file (float32, eval mode); the same weights our

@@ -6,7 +6,6 @@ the only expected difference is float32 summation order.
 """
 
 import functools
-import time
 
 import jax
 import jax.numpy as jnp
@@ -14,9 +13,7 @@ import numpy as np
 import pytest
 
 from dblast_jax.config import TargetConfig
-from dblast_jax.io import fetch
 from dblast_jax.io.gguf import GGUFFormatError, load_gguf, permute_qk, save_gguf, unpermute_qk
-from dblast_jax.io.presets import PRESETS, load_preset
 from dblast_jax.io.tokenizer import bytes_to_unicode
 from dblast_jax.models import target
 from conftest import hf_from_gguf as _hf_from_gguf
@@ -166,26 +163,13 @@ CHAT = [{"role": "user", "content": "Write a haiku about the sea."}]
 
 
 @pytest.fixture(scope="module")
-def smol_path():
-    return fetch.fetch(PRESETS["smollm2-135m-instruct"])
+def ours(smollm2_jax):
+    return smollm2_jax
 
 
 @pytest.fixture(scope="module")
-def ours(smol_path):
-    t = time.perf_counter()
-    cfg, params, tok = load_preset("smollm2-135m-instruct")  # finds the fetched file
-    print(f"\n[smollm2] our load_preset (GGUF + tokenizer): {time.perf_counter() - t:.1f}s")
-    return cfg, params, tok
-
-
-@pytest.fixture(scope="module")
-def hf(smol_path):
-    t = time.perf_counter()
-    model = _hf_from_gguf(smol_path)
-    from transformers import AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(smol_path.parent, gguf_file=smol_path.name)
-    print(f"\n[smollm2] transformers load: {time.perf_counter() - t:.1f}s")
-    return model, tok
+def hf(smollm2_hf):
+    return smollm2_hf
 
 
 @pytest.mark.real_model
