@@ -38,7 +38,6 @@ import hashlib
 import io
 import json
 import os
-import tempfile
 import zipfile
 from collections import OrderedDict
 from pathlib import Path
