@@ -24,11 +24,11 @@ its tau is taken over the steps that verified a full block of `b` tokens. Standa
 errors: std of the per-step values / sqrt(steps).
 
 The default drafter is the repository's shipped K = 1 drafter (`pretrained:smollm2-dflash-
-k1`, trained with a LEARNED mask embedding) RELABELLED to a token mask (issue 17's quick
-run): weights copied as float32, `dflash_config.mask_token_id = 16` (SmolLM2's reserved
-mask token), the `dblast.mask_embedding` tensor dropped, so both loaders read a plain
-DFlash checkpoint. Its acceptance is poor (it never saw token 16 as the mask); this
-benchmark measures step speed, not drafter quality.
+k1`, a plain DFlash checkpoint with mask token 16) copied as float32 (bfloat16 matmuls are
+slow on this CPU on both sides). An older learned-mask K = 1 export is relabelled to a token
+mask instead (`dflash_config.mask_token_id = 16`, the `dblast.mask_embedding` tensor
+dropped): such a drafter never saw token 16 as the mask, so its acceptance is poor and
+only step speed is comparable.
 
     nice python benchmarks/bench_vs_dflash.py                      # real, 3 prompts x 96
     nice python benchmarks/bench_vs_dflash.py --tiny --out /tmp/x.json   # seconds
@@ -129,10 +129,10 @@ def torch_target_from_gguf(path: Path):
     return model.eval()
 
 
-def relabel_to_token_mask(src: Path, dst: Path, mask_token_id: int) -> Path:
-    """A K = 1 learned-mask export -> a plain DFlash token-mask checkpoint at `dst`:
-    float32 copies of every tensor but `dblast.mask_embedding`, config with
-    `dflash_config.mask_token_id` set and no `dblast_config`."""
+def float32_dflash_copy(src: Path, dst: Path, mask_token_id: int) -> Path:
+    """A K = 1 export -> a plain float32 DFlash token-mask checkpoint at `dst`. A token-mask
+    export keeps its mask token; a learned-mask one is relabelled to `mask_token_id` (its
+    `dblast.mask_embedding` dropped, no `dblast_config`)."""
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -150,7 +150,9 @@ def relabel_to_token_mask(src: Path, dst: Path, mask_token_id: int) -> Path:
     tensors = {k: v.to(torch.float32).contiguous() for k, v in tensors.items()
                if not k.startswith("dblast.")}
     cfg.pop("dblast_config", None)
-    cfg["dflash_config"] = dict(cfg.get("dflash_config") or {}, mask_token_id=mask_token_id)
+    own = (cfg.get("dflash_config") or {}).get("mask_token_id")
+    cfg["dflash_config"] = dict(cfg.get("dflash_config") or {},
+                                mask_token_id=own if isinstance(own, int) else mask_token_id)
     cfg["dtype"] = cfg["torch_dtype"] = "float32"
     dst.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
@@ -164,7 +166,7 @@ def check_token_mask_export(folder: Path) -> dict:
     if mask is None:
         raise ValueError(f"{folder}: config.json has no dflash_config.mask_token_id (a learned-"
                          "mask export; dflash cannot run it). Omit --drafter to benchmark the "
-                         "shipped K = 1 drafter relabelled to a token mask.")
+                         "shipped K = 1 drafter.")
     if (cfg.get("dblast_config") or {}).get("dblast_only"):
         raise ValueError(f"{folder} is a DBlast-only export (K > 1); dflash cannot run it")
     return cfg
@@ -211,10 +213,14 @@ def build_real(workdir: Path, drafter_arg):
         label = f"{folder} (as given)"
     else:
         src = pretrained.pretrained_folder(PRETRAINED_K1, target=PRESET)
-        folder = relabel_to_token_mask(src, workdir / "drafter-relabelled", SMOLLM2_MASK_TOKEN_ID)
+        learned = (json.loads((src / "config.json").read_text()).get("dflash_config") or {}
+                   ).get("mask_token_id") is None
+        folder = float32_dflash_copy(src, workdir / "drafter-float32", SMOLLM2_MASK_TOKEN_ID)
         label = (f"pretrained:{PRETRAINED_K1} RELABELLED to a token mask (mask_token_id="
                  f"{SMOLLM2_MASK_TOKEN_ID}, learned mask tensor dropped, float32): trained with "
-                 "a learned mask, so its acceptance is poor; this measures step speed")
+                 "a learned mask, so its acceptance is poor; this measures step speed"
+                 if learned else f"pretrained:{PRETRAINED_K1} (a DFlash token-mask "
+                 "checkpoint) as float32")
     from dblast_jax.generation import encode_prompts
     prompts = encode_prompts(target, PROMPTS, chat=True)
     return target, model, folder, prompts, label
@@ -508,7 +514,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--drafter", default=None,
                    help="a K = 1 token-mask DFlash export folder (config.json mask_token_id "
-                        "set); default: the shipped K = 1 drafter relabelled to a token mask")
+                        "set); default: the shipped K = 1 drafter, as float32")
     p.add_argument("--prompts", type=int, default=3)
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--block", type=int, default=None,

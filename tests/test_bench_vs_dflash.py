@@ -66,3 +66,27 @@ def test_tiny_peer_benchmark(tmp_path, capsys):
     assert greedy["tokens_identical"] is True
     assert all(r["ours_tokens"] == r["theirs_tokens"] for r in greedy["per_prompt"])
     assert "tokens identical" in res["table"] and "| 1 |" in res["table"]
+
+
+def test_float32_copy_keeps_a_token_mask_and_relabels_a_learned_one(tmp_path):
+    """The real benchmark's drafter: the shipped token-mask K = 1 keeps its mask token;
+    an older learned-mask export is relabelled (its mask tensor dropped)."""
+    import jax
+    from safetensors.numpy import load_file
+
+    from dblast_jax.config import DrafterConfig, TargetConfig
+    from dblast_jax.io import dflash
+    from dblast_jax.models import drafter as D
+
+    tc = TargetConfig.tiny_qwen3()
+    for name, mask in (("token", 5), ("learned", None)):
+        dc = DrafterConfig.for_target(tc, num_layers=1, block_size=4, mask_token_id=mask)
+        src = dflash.export_drafter(D.init_drafter_params(dc, tc, jax.random.key(0)), dc,
+                                    str(tmp_path / name), dtype="bfloat16")
+        out = _bench().float32_dflash_copy(Path(src), tmp_path / f"{name}_f32", 16)
+        cfg = json.loads((out / "config.json").read_text())
+        assert cfg["dflash_config"]["mask_token_id"] == (5 if mask is not None else 16)
+        assert "dblast_config" not in cfg and cfg["dtype"] == "float32"
+        tensors = load_file(str(out / "model.safetensors"))
+        assert all(v.dtype.name == "float32" for v in tensors.values())
+        assert not any(k.startswith("dblast.") for k in tensors)
