@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Issue 14, the mixture from a trained trunk (RESULTS.md 4.3): K = 4 (NLL + AL) and its
+# K = 1 control (NLL + AL) each start from the finished five-tap K = 1 DFlash drafter
+# (runs/budget/taps5, 1,000 steps: run_session6.sh) with drafter_init=drafter:WORKDIR and
+# train STEPS more steps on the same data, batch, anchors and feature cache, side by side
+# on the same held-out blocks (T_v = 1.0; sampled-branch and sampled-mixture). The K = 4
+# head costs ~3.3x the K = 1 head per step, so starting it from a trained trunk instead of
+# from scratch is what makes the mixture affordable here.
+# Resumable: rerun after a kill. Workdirs and logs land in runs/budget/.
+set -u
+cd "$(dirname "$0")/../.."
+STEPS=${STEPS:-300}
+LR=${LR:-5e-4}
+mkdir -p runs/budget
+COMMON=(--segment_steps=50 --budget_cpu_s=100000 --max_steps=$STEPS --validation_batches=8
+  --override=data=corpora/smollm2_t1 --override=data_shards=68 --override=batch_size=8
+  --override=seq_len=256 --override=anchors_per_sequence=16 --override=learning_rate=$LR
+  --override=keep_checkpoints=2 --override=feature_cache=runs/budget/features
+  --override=target_layer_ids=1,7,14,20,27 --override=drafter_layers=1
+  --override=drafter_init=drafter:runs/budget/taps5)
+run() { name=$1; shift
+  nice -n 10 python experiments/budget/budget_curve.py --workdir=runs/budget/$name "${COMMON[@]}" "$@" \
+    >> runs/budget/$name.log 2>&1; }
+run k1al_from_taps5 --experiment=smollm2_k1_al
+run k4al_from_taps5 --experiment=smollm2_dblast_k4_al
