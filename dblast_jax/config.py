@@ -96,19 +96,20 @@ class TargetConfig:
 
     @classmethod
     def qwen3_4b(cls) -> "TargetConfig":
-        return cls(arch="qwen3", vocab_size=151936, hidden_size=2560, intermediate_size=9728,
-                   num_layers=36, num_heads=32, num_kv_heads=8, head_dim=128,
-                   rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
-                   use_qk_norm=True, max_position_embeddings=40960,
-                   eos_token_ids=(151645, 151643), name="qwen3-4b")
+        return cls(**_QWEN3_4B_8B, hidden_size=2560, intermediate_size=9728,
+                   tie_word_embeddings=True, name="qwen3-4b")
 
     @classmethod
     def qwen3_8b(cls) -> "TargetConfig":
-        return cls(arch="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288,
-                   num_layers=36, num_heads=32, num_kv_heads=8, head_dim=128,
-                   rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
-                   use_qk_norm=True, max_position_embeddings=40960,
-                   eos_token_ids=(151645, 151643), name="qwen3-8b")
+        return cls(**_QWEN3_4B_8B, hidden_size=4096, intermediate_size=12288,
+                   tie_word_embeddings=False, name="qwen3-8b")
+
+
+# what Qwen3-4B and Qwen3-8B share (their config.json); they differ in width and head tying
+_QWEN3_4B_8B = dict(arch="qwen3", vocab_size=151936, num_layers=36, num_heads=32,
+                    num_kv_heads=8, head_dim=128, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                    use_qk_norm=True, max_position_embeddings=40960,
+                    eos_token_ids=(151645, 151643))
 
 
 @dataclasses.dataclass(frozen=True)

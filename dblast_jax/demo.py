@@ -19,7 +19,15 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+import jax.numpy as jnp
+
+from dblast_jax import pretrained as pretrained_lib
+from dblast_jax import registry
 from dblast_jax.config import DrafterSpec
+from dblast_jax.data import sources
+from dblast_jax.errors import parse_finite, read_json
+from dblast_jax.generation import drafter_from_spec, load_drafter, load_target, named_drafters
+from dblast_jax.io import fetch
 
 __all__ = ["DemoConfig", "DemoResult", "run_demo", "SMALL_BUDGET_NOTE"]
 
@@ -134,16 +142,14 @@ class DemoResult:
 
 def _fetch_inputs(config: DemoConfig) -> None:
     """The model file (for presets) and every benchmark / training-pool file."""
-    from dblast_jax.data import sources
-    from dblast_jax.io import fetch, presets
-    model_file = {"tiny-smollm2": "smollm2-135m-instruct"}.get(config.model, config.model)
-    if model_file in presets.PRESETS:
-        fetch.fetch(presets.get_preset(model_file))
+    model = registry.MODELS.get(config.model)
+    if model is not None and model.file is not None:
+        fetch.fetch(registry.MODEL_FILES[model.file])
     sources.fetch_sources(list(sources.SOURCES))
 
 
 def _train_config(config: DemoConfig, experiment: str, corpus: Path):
-    from dblast_jax.train.config import get_experiment
+    from dblast_jax.train.config import get_experiment  # startup: train pulls grain, orbax
     recipe = get_experiment(experiment)
     return recipe.replace(
         target=config.model, data=str(corpus), num_steps=config.train_steps,
@@ -159,7 +165,7 @@ def _train_config(config: DemoConfig, experiment: str, corpus: Path):
 
 def _summary(config: DemoConfig, results: dict, corpus: dict, seconds: dict,
              shipped: Optional[dict] = None) -> str:
-    from dblast_jax.evaluate import table_markdown
+    from dblast_jax.evaluate import table_markdown  # startup: slow to import
     tables = results["tables"]
     lines = [SMALL_BUDGET_NOTE.format(steps=config.train_steps, sequences=corpus["sequences"],
                                       prompts=config.eval_prompts), ""]
@@ -179,7 +185,6 @@ def _summary(config: DemoConfig, results: dict, corpus: dict, seconds: dict,
 def shipped_drafters(config: DemoConfig, log: Callable[[str], None] = print) -> dict:
     """The pretrained drafters made for the demo's target (name -> manifest entry); when
     there are none, one line says so (an install without its package data is not silent)."""
-    from dblast_jax import pretrained as pretrained_lib
     if not config.pretrained:
         return {}
     shipped = pretrained_lib.available(config.model)
@@ -194,14 +199,10 @@ def shipped_drafters(config: DemoConfig, log: Callable[[str], None] = print) -> 
 def run_demo(config: DemoConfig = DemoConfig(), workdir: str | Path = "dblast_demo", *,
              progress: bool = True, log: Callable[[str], None] = print) -> DemoResult:
     """Run (or resume) the demo in `workdir`; returns what it made and prints a report."""
-    import jax.numpy as jnp
-
-    from dblast_jax.data.regenerate import (RegenConfig, encode_work, regenerate,
-                                            training_work)
+    # startup: `import dblast_jax` imports this module; train pulls in grain and orbax,
+    # regeneration and evaluation are slow to import
+    from dblast_jax.data.regenerate import RegenConfig, encode_work, regenerate, training_work
     from dblast_jax.evaluate import run_evaluation
-    from dblast_jax import pretrained as pretrained_lib
-    from dblast_jax.generation import (drafter_from_spec, load_drafter, load_target,
-                                       named_drafters)
     from dblast_jax.train.trainer import train
 
     unknown = set(config.benchmarks) - set(BENCHMARKS)
@@ -215,7 +216,6 @@ def run_demo(config: DemoConfig = DemoConfig(), workdir: str | Path = "dblast_de
     record = work / "demo_config.json"
     settings = config.settings()
     if record.exists():  # resume only the same demo: refuse before touching anything
-        from dblast_jax.errors import read_json
         old = _old_settings(read_json(record, "delete it or use another --workdir"))
         diff = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
         if diff:
@@ -313,7 +313,6 @@ def _demo_value(kind: type, text: str, key: str, example: str):
             raise ValueError(f"demo override {key}={text!r}: {key} expects an integer "
                              f"(e.g. --set {key}={example})") from None
     if kind is float:
-        from dblast_jax.errors import parse_finite
         return parse_finite(text, f"demo override {key}={text!r}: {key}",
                             example=f"--set {key}={example}")
     return kind(text)
@@ -325,7 +324,7 @@ def parse_demo_overrides(items: Optional[Sequence[str]], base: DemoConfig) -> De
     The drafters' shape: `drafter.FIELD=VALUE` (drafter.block_size=4,
     drafter.target_layer_ids=1,7,14, drafter.mask_token_id=none), or the flat names of
     before (block_size, drafter_layers, target_layer_ids, ...; train.config.drafter_change)."""
-    from dblast_jax.train.config import drafter_change, drafter_keys
+    from dblast_jax.train.config import drafter_change, drafter_keys  # startup: grain, orbax
     changes = {}
     drafter = {}
     fields = {f.name: f for f in dataclasses.fields(DemoConfig)}

@@ -1,4 +1,4 @@
-"""Multi-process start-up shared by the launchers that run once per process / host.
+"""Multi-process runs: start-up for launchers run once per host, meshes, barriers.
 
 `initialize` calls `jax.distributed.initialize` from explicit arguments, else from the
 environment (JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID), or with no
@@ -10,10 +10,17 @@ arguments at all (`auto=True`: Cloud TPU pods, SLURM detect the cluster). One pr
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Optional
 
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+from dblast_jax import sharding
+
 __all__ = ["initialize", "local_mesh", "mesh_shape", "define_cluster_flags",
-           "add_cluster_args", "initialize_from"]
+           "add_cluster_args", "initialize_from", "barrier", "setup_error"]
 
 
 def _env_int(name: str) -> Optional[int]:
@@ -27,8 +34,6 @@ def initialize(coordinator_address: Optional[str] = None, num_processes: Optiona
     """Start this process's part of a multi-process JAX run; returns the process count
     the arguments ask for (1: nothing was started). ValueError when a count > 1 lacks a
     coordinator address or a process id."""
-    import jax
-
     if auto:
         jax.distributed.initialize()
         return jax.process_count()
@@ -102,8 +107,41 @@ def local_mesh(spec: Optional[str]):
     """'data,fsdp,tensor' (e.g. '2,1,1' or '-1,1,1') -> a Mesh over *this process's*
     devices (a per-process job such as corpus regeneration needs no cross-process
     collectives); None or '' -> None (one device)."""
-    import jax
-
-    from dblast_jax import sharding
     shape = mesh_shape(spec)
     return None if shape is None else sharding.make_mesh(*shape, devices=jax.local_devices())
+
+
+# ---- after the start: every process calls these at the same point -------------------------------
+
+def barrier(name: str) -> None:
+    """Wait until every process reaches the barrier `name` (no-op with one process)."""
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(name)
+
+
+def setup_error(error: Optional[Exception], what: str, shared_file: Path
+                ) -> Optional[Exception]:
+    """(Every process, > 1) process 0's set-up outcome (`error`, None when it succeeded;
+    the others pass None), and a check that every process sees `shared_file`, which
+    process 0 just wrote: the output folder must be one folder shared by all hosts."""
+    ok = np.asarray(multihost_utils.broadcast_one_to_all(np.int32(error is None)))
+    if not int(ok) and error is None:
+        error = ValueError(f"process 0 refused the {what} into {shared_file.parent} (its "
+                           "output says why)")
+    if error is None:
+        return shared_file_error(shared_file)
+    return error
+
+
+def shared_file_error(shared_file: Path) -> Optional[Exception]:
+    """(Every process, > 1) None when every process sees `shared_file`, which process 0
+    just wrote, else the error naming those that do not."""
+    seen = np.asarray(multihost_utils.process_allgather(
+        np.int32(shared_file.is_file()))).reshape(-1)
+    if seen.all():
+        return None
+    blind = [int(i) for i in np.flatnonzero(seen == 0)]
+    return ValueError(
+        f"processes {blind} do not see {shared_file}, which process 0 just wrote: with "
+        "several processes --out must be one shared folder (NFS, Filestore, a gcsfuse "
+        "bucket) at the same path on every host")

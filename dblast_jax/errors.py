@@ -22,6 +22,8 @@ import sys
 import traceback
 from typing import Any, Callable, Iterable, Optional, Sequence
 
+from dblast_jax.io import paths
+
 __all__ = ["EXIT_EXPECTED", "EXIT_BUG", "UnknownNameError", "check_float_flags",
            "debug_enabled", "describe", "report", "non_utf8_argument", "parse_finite",
            "read_json", "run_absl"]
@@ -92,8 +94,8 @@ def parse_finite(text: Any, what: str, *, minimum: Optional[float] = None,
 # ---- files named in messages ------------------------------------------------------------------
 
 def read_json(path: str | os.PathLike, fix: str = "fix or delete the file") -> Any:
-    """json.load of `path`; a parse error names the file, line and column and `fix`."""
-    from dblast_jax.io import paths  # local or gs://
+    """json.load of `path` (local or gs://); a parse error names the file, line and column
+    and `fix`."""
     if paths.is_local(path):
         with open(path, encoding="utf-8") as f:
             text = f.read()

@@ -29,7 +29,18 @@ import zlib
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
+import jax
 import numpy as np
+from tqdm.auto import tqdm
+
+from dblast_jax import generation
+from dblast_jax.config import SamplingConfig
+from dblast_jax.data.sources import Prompt, load_prompts
+from dblast_jax.data.templates import benchmark_turns, chat_messages
+from dblast_jax.distributed import barrier, setup_error
+from dblast_jax.io import paths
+from dblast_jax.io.atomic import atomic_write_text
+from dblast_jax.workdir_lock import FolderLock
 
 __all__ = ["PLAIN", "pool_rows", "aggregate", "per_position_from_histogram", "macro_average",
            "relative_gain", "build_table", "table_markdown", "table_csv", "write_tables",
@@ -230,7 +241,6 @@ def _local_out(out_dir: str | Path) -> Path:
     """The evaluation output folder as a local Path; an object-store URI (gs://...) is
     refused (rows are appended to, plots saved with matplotlib, event files streamed: all
     plain files). A gcsfuse mount is a local folder and works."""
-    from dblast_jax.io import paths
     if not paths.is_local(out_dir):
         raise ValueError(f"evaluation output must be a local or fuse-mounted folder, got "
                          f"{str(out_dir)!r}")
@@ -342,6 +352,7 @@ def write_scalar_summary(result: Mapping[str, Any], out_dir: str | Path) -> Path
     tokens_per_s, per drafter `METRIC/DRAFTER/macro/T<t>` (and `.../gain/T<t>` against
     the baseline); TensorBoard turns characters outside [A-Za-z0-9_.-/] into `_`. A
     rerun replaces the folder's event files, so each tag holds one value."""
+    # startup: dblast_jax.train pulls in grain and orbax (the table maths need neither)
     from dblast_jax.train.metric_writers import TENSORBOARD_DIR, TensorBoardWriter
     logdir = _local_out(out_dir) / TENSORBOARD_DIR
     scalars: dict[str, Any] = {}
@@ -367,29 +378,23 @@ def write_scalar_summary(result: Mapping[str, Any], out_dir: str | Path) -> Path
 # ---- running -------------------------------------------------------------------------------
 
 def _items_from_benchmark(name: str, limit: Optional[int]) -> list[tuple[str, Any]]:
-    from dblast_jax.data.sources import load_prompts
     prompts = load_prompts(name)
     return [(p.id, p) for p in (prompts[:limit] if limit else prompts)]
 
 
 def _items_from_set(items: Sequence[Any], limit: Optional[int]) -> list[tuple[str, Any]]:
-    from dblast_jax.data.sources import Prompt
     items = list(items[:limit] if limit else items)
     return [(it.id if isinstance(it, Prompt) else str(i), it) for i, it in enumerate(items)]
 
 
 def _turn_inputs(item: Any, answers: Sequence[str]) -> Any:
     """What to pass to generate for the next turn of `item` (a Prompt is templated)."""
-    from dblast_jax.data.sources import Prompt
-    from dblast_jax.data.templates import benchmark_turns, chat_messages
     if isinstance(item, Prompt):
         return chat_messages(benchmark_turns(item), answers=answers)
     return item  # a message list or a token list: single turn
 
 
 def _num_turns(item: Any) -> int:
-    from dblast_jax.data.sources import Prompt
-    from dblast_jax.data.templates import benchmark_turns
     return len(benchmark_turns(item)) if isinstance(item, Prompt) else 1
 
 
@@ -407,7 +412,6 @@ def _seed_for(seed: int, benchmark: str, temperature: float, prompt_ids: Sequenc
 def _run_unit(target, drafter, items: Sequence[Any], sampling, rng_seed: int,
               warmup: bool) -> dict:
     """Generate every turn of a batch of items; one row's worth of numbers."""
-    from dblast_jax.generation import generate, speculative_generate
     answers: list[list[str]] = [[] for _ in items]
     turns = max(_num_turns(it) for it in items)
     if turns > 1 and target.tokenizer is None:
@@ -419,9 +423,10 @@ def _run_unit(target, drafter, items: Sequence[Any], sampling, rng_seed: int,
         inputs = [_turn_inputs(items[i], answers[i]) for i in active]
         rng = rng_seed + 7919 * turn
         if drafter is None:
-            res = generate(target, inputs, sampling, rng, warmup=warmup)
+            res = generation.generate(target, inputs, sampling, rng, warmup=warmup)
         else:
-            res = speculative_generate(target, drafter, inputs, sampling, rng, warmup=warmup)
+            res = generation.speculative_generate(target, drafter, inputs, sampling, rng,
+                                                  warmup=warmup)
             stats.append(res.stats)
         seconds += float(res.timing["seconds"])
         new_tokens += int(res.timing["new_tokens"])
@@ -486,7 +491,6 @@ def _merge_rows(out: Path) -> list[dict]:
     per-process files a multi-process run leaves (`rows.process-NNNNN.jsonl`), each unit
     once, in rows.jsonl (written atomically); the per-process files are then removed. A
     crash in between leaves rows that the next merge drops as duplicates."""
-    from dblast_jax.io.atomic import atomic_write_text
     main = out / ROWS_FILE
     rows = _read_rows(main)
     parts = sorted(out.glob(_PROCESS_ROWS_GLOB))
@@ -504,32 +508,6 @@ def _merge_rows(out: Path) -> list[dict]:
     return rows
 
 
-def _barrier(name: str) -> None:
-    import jax
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-        multihost_utils.sync_global_devices(name)
-
-
-def _agree(error: Optional[Exception], out: Path) -> Optional[Exception]:
-    """(Every process, > 1) process 0's set-up outcome, and a check that every process
-    sees the folder it set up (the output folder must be one shared folder)."""
-    from jax.experimental import multihost_utils
-    ok = np.asarray(multihost_utils.broadcast_one_to_all(np.int32(error is None)))
-    if not int(ok) and error is None:
-        error = ValueError(f"process 0 refused the evaluation into {out} (its output says why)")
-    if error is None:
-        seen = np.asarray(multihost_utils.process_allgather(
-            np.int32((out / "run_config.json").is_file()))).reshape(-1)
-        if not seen.all():
-            blind = [int(i) for i in np.flatnonzero(seen == 0)]
-            error = ValueError(
-                f"processes {blind} do not see {out / 'run_config.json'}, which process 0 "
-                "just wrote: with several processes --out must be one shared folder (NFS, "
-                "Filestore, a gcsfuse bucket) at the same path on every host")
-    return error
-
-
 def run_evaluation(target, drafters: Mapping[str, Any], **kw) -> Optional[dict]:
     """Evaluate `drafters` against plain decoding of `target`; resumable (see
     `_run_evaluation` for the arguments). One run writes an `out_dir` at a time
@@ -543,9 +521,6 @@ def run_evaluation(target, drafters: Mapping[str, Any], **kw) -> Optional[dict]:
     and TensorBoard summary, and returns the results; the other processes return None.
     The tables equal a 1-process run's apart from the timing numbers (speedup,
     tokens_per_s, seconds): a unit's sampling seed depends on the unit alone."""
-    import jax
-
-    from dblast_jax.workdir_lock import FolderLock
     _local_out(kw.get("out_dir", "eval_out"))  # every process refuses gs:// alike, at once
     pid, nproc = jax.process_index(), jax.process_count()
     lock, error = None, None
@@ -600,11 +575,6 @@ def _run_evaluation(target, drafters: Mapping[str, Any], *,
     `tensorboard` also writes the tables' numbers to out_dir/tensorboard
     (`write_scalar_summary`). Returns the results.json object (meta, cells, tables).
     """
-    import jax
-    from tqdm.auto import tqdm
-
-    from dblast_jax.config import SamplingConfig
-
     pid, nproc = jax.process_index(), jax.process_count()
     if PLAIN in drafters:
         raise ValueError(f"{PLAIN!r} names the plain-decoding rows; rename that drafter")
@@ -651,7 +621,7 @@ def _run_evaluation(target, drafters: Mapping[str, Any], *,
                 raise
             error = e
     if nproc > 1:
-        error = _agree(error, out)
+        error = setup_error(error, "evaluation", out / "run_config.json")
     if error is not None:
         raise error
 
@@ -703,7 +673,7 @@ def _run_evaluation(target, drafters: Mapping[str, Any], *,
             bar.update(len(ids))
     bar.close()
     if nproc > 1:
-        _barrier("dblast_evaluation_rows")
+        barrier("dblast_evaluation_rows")
         if pid != 0:
             return None
         rows = _merge_rows(out)

@@ -1,8 +1,11 @@
-"""User-facing targets and text generation: `load_target`, `generate`.
+"""The user-facing API: targets and drafters, plain and speculative text generation.
 
 A `Target` bundles what every job needs about the large model: its config, parameters,
-tokenizer (with chat template) and a name. `generate` handles text <-> tokens, batching
-and timing around the jitted on-device sampler.
+tokenizer (with chat template) and a name (`load_target`: a registry name, a Hugging Face
+folder or a GGUF file). A `Drafter` is a drafter's config and parameters
+(`drafter_from_spec`: a folder, a training workdir, `pretrained:NAME`, `random-kN`).
+`generate` / `speculative_generate` handle text <-> tokens, batching and timing around
+the jitted on-device loops (`sampler`).
 """
 
 from __future__ import annotations
@@ -18,16 +21,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dblast_jax.config import SamplingConfig, TargetConfig
-from dblast_jax.models import target as target_lm
-from dblast_jax.sampler import PAD_ID, cache_size_for, generate_tokens, pad_prompts
+from dblast_jax import pretrained, registry, sharding
+from dblast_jax.config import DrafterConfig, SamplingConfig, TargetConfig
+from dblast_jax.distributed import mesh_shape
+from dblast_jax.io import presets
+from dblast_jax.io.dflash import export_drafter as _export_dflash
+from dblast_jax.io.dflash import load_dflash
+from dblast_jax.io.gguf import load_gguf
+from dblast_jax.io.hf import load_hf
+from dblast_jax.io.tokenizer import Tokenizer
+from dblast_jax.models import drafter as drafter_lm
+from dblast_jax.sampler import (PAD_ID, cache_size_for, generate_tokens, pad_prompts,
+                                speculative_generate_tokens)
 
 Prompt = Union[str, Sequence[int], Sequence[dict]]
 
-TINY_PRESETS = {
-    "tiny-llama": TargetConfig.tiny_llama,
-    "tiny-qwen3": TargetConfig.tiny_qwen3,
-}
+# the registry's random-weight models of before: name -> TargetConfig constructor
+TINY_PRESETS = {name: getattr(TargetConfig, entry.config)
+                for name, entry in registry.models_of_kind("random").items()}
 
 
 @dataclasses.dataclass
@@ -52,30 +63,18 @@ def load_target(path_or_preset: str, dtype=jnp.float32, seed: int = 0) -> Target
     (random tiny weights with SmolLM2's tokenizer and chat template: text at test speed).
     """
     name = str(path_or_preset)
-    if name in TINY_PRESETS:
-        config = TINY_PRESETS[name]()
-        return Target(config, target_lm.init_params(config, seed, dtype), None, name)
-    from dblast_jax.io import presets
-    if name in presets.TINY_TOKENIZER_PRESETS:
-        config, params, tokenizer = presets.load_tiny_with_tokenizer(name, dtype, seed)
-        return Target(config, params, tokenizer, name)
-    if name in presets.PRESETS:
-        config, params, tokenizer = presets.load_preset(name, dtype=dtype)
+    if name in registry.MODELS:
+        config, params, tokenizer = presets.load_model(name, dtype, seed)
         return Target(config, params, tokenizer, name)
     path = Path(os.path.expanduser(name))
     if path.is_file() and path.suffix == ".gguf":
-        from dblast_jax.io.gguf import load_gguf
-        from dblast_jax.io.tokenizer import Tokenizer
         config, params, metadata = load_gguf(path, dtype=dtype)
         return Target(config, params, Tokenizer.from_gguf_metadata(metadata), path.stem)
     if path.is_dir():
-        from dblast_jax.io.hf import load_hf
-        from dblast_jax.io.tokenizer import Tokenizer
         config, params = load_hf(path, dtype=dtype)
         tokenizer = Tokenizer.from_file(path) if (path / "tokenizer.json").exists() else None
         return Target(config, params, tokenizer, path.name)
-    known = sorted(list(TINY_PRESETS) + list(presets.TINY_TOKENIZER_PRESETS)
-                   + list(presets.PRESETS))
+    known = sorted(registry.MODELS)
     raise FileNotFoundError(
         f"{name!r} is neither a known preset ({', '.join(known)}), a Hugging Face folder "
         "(config.json + *.safetensors) nor a .gguf file")
@@ -122,8 +121,6 @@ class GenerationResult:
 def parse_mesh(spec: Optional[str]):
     """'data,fsdp,tensor' (e.g. '2,2,2' or '-1,1,1') -> a Mesh over all devices (every
     host's, in a multi-process run); None or '' -> None (one device)."""
-    from dblast_jax import sharding
-    from dblast_jax.distributed import mesh_shape
     shape = mesh_shape(spec)
     return None if shape is None else sharding.make_mesh(*shape)
 
@@ -132,7 +129,6 @@ def on_mesh(model: Union["Target", "Drafter"], mesh) -> Union["Target", "Drafter
     """The same target or drafter with its parameters placed on `mesh` by the project's
     partition rules (fsdp / tensor axes); batches passed to `generate` /
     `speculative_generate` then go over the data axis. mesh None: returned unchanged."""
-    from dblast_jax import sharding
     if mesh is None:
         return model
     rules = sharding.TARGET_RULES if isinstance(model, Target) else sharding.DRAFTER_RULES
@@ -151,7 +147,6 @@ def _place_batch(mesh, *arrays):
     divide); unchanged without a mesh."""
     if mesh is None:
         return arrays
-    from dblast_jax import sharding
     return tuple(jax.device_put(a, sharding.batch_sharding(mesh, a.shape)) for a in arrays)
 
 
@@ -254,7 +249,6 @@ class Drafter:
 def init_drafter(target: Target, drafter_config, rng: jax.Array | int = 0,
                  dtype=jnp.float32) -> Drafter:
     """A randomly initialised drafter for `target` (shares its embedding and LM head)."""
-    from dblast_jax.models import drafter as drafter_lm
     if isinstance(rng, int):
         rng = jax.random.key(rng)
     params = drafter_lm.init_drafter_params(drafter_config, target.config, rng, dtype)
@@ -263,7 +257,6 @@ def init_drafter(target: Target, drafter_config, rng: jax.Array | int = 0,
 
 def load_drafter(path: str | os.PathLike, target: Target, dtype=jnp.float32) -> Drafter:
     """A DFlash / DBlast export folder (config.json + safetensors) for `target`."""
-    from dblast_jax.io.dflash import load_dflash
     config, params = load_dflash(path, target.config, dtype)
     return Drafter(config, params, Path(path).name)
 
@@ -272,20 +265,16 @@ def drafter_from_spec(spec: str, target: Target, dtype=jnp.float32) -> Drafter:
     """A drafter folder, a training workdir (its latest checkpoint), `pretrained:NAME` (a
     drafter shipped in the repository, checked by sha256), or `random` / `random-kN`
     (untrained: shows the overhead floor)."""
-    from dblast_jax import pretrained
     if pretrained.is_pretrained_spec(spec):
-        from dblast_jax.io import presets
         name = spec[len(pretrained.PREFIX):]
         # a preset-loaded target must be the one the drafter was trained for; a target
         # loaded from a file path is checked by shape when the weights load
-        known = target.name in presets.PRESETS or target.name in TINY_PRESETS or (
-            target.name in presets.TINY_TOKENIZER_PRESETS)
+        known = target.name in registry.MODELS
         folder = pretrained.pretrained_folder(name, target=target.name if known else None)
         drafter = load_drafter(folder, target, dtype)
         drafter.name = name
         return drafter
     if re.fullmatch(r"random(-k[1-9][0-9]*)?", spec):  # not a folder named random_...
-        from dblast_jax.config import DrafterConfig
         k = int(spec.split("-k")[1]) if "-k" in spec else 1
         config = DrafterConfig.for_target(target.config, num_layers=1, block_size=8,
                                           num_categories=k)
@@ -302,9 +291,7 @@ def load_workdir_drafter(workdir: str | os.PathLike, target: Target,
                          dtype=jnp.float32) -> Drafter:
     """The drafter of a training workdir's latest checkpoint (read onto one device,
     whatever mesh it was trained on; no training data needed) for `target`."""
-    from dblast_jax import sharding
-    from dblast_jax.models import drafter as drafter_lm
-    from dblast_jax.train.restore import restore_drafter
+    from dblast_jax.train.restore import restore_drafter  # startup: train pulls grain, orbax
     restored = restore_drafter(os.fspath(workdir), mesh=sharding.make_mesh(1, 1, 1),
                                log=lambda s: None)
     drafter_lm.check_drafter_fits_target(restored.drafter_config, target.config)
@@ -369,8 +356,7 @@ def export_drafter(drafter: Drafter, path: str | os.PathLike, format: str = "dfl
     are refused."""
     if format != "dflash":
         raise ValueError(f"unsupported export format {format!r}; supported: dflash")
-    from dblast_jax.io.dflash import export_drafter as _export
-    return _export(drafter.params, drafter.config, path, dtype=dtype, force=force)
+    return _export_dflash(drafter.params, drafter.config, path, dtype=dtype, force=force)
 
 
 def acceptance_stats(accepted: np.ndarray, expected: np.ndarray, block_size: int) -> dict:
@@ -409,9 +395,7 @@ def speculative_generate(target: Target, drafter: Drafter, prompts: Sequence[Pro
     per-position acceptance rates. Target and drafter placed on one mesh (`on_mesh`)
     decode there, the batch split over the data axis.
     """
-    from dblast_jax.models.drafter import check_drafter_fits_target
-    from dblast_jax.sampler import speculative_generate_tokens
-    check_drafter_fits_target(drafter.config, target.config)
+    drafter_lm.check_drafter_fits_target(drafter.config, target.config)
     rng, sampling, tokens, lengths, cache_size = _prepare(
         target, prompts, sampling, rng, chat, extra_cache=drafter.config.block_size)
     mesh, dmesh = mesh_of(target.params), mesh_of(drafter.params)

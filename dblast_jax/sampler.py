@@ -1,8 +1,14 @@
-"""On-device generation loops (`lax.while_loop`): plain autoregressive sampling.
+"""On-device generation loops (`lax.while_loop`): plain sampling and speculative decoding.
 
-Everything from prefill to the last token is one jitted call: fixed-size buffers,
-per-row state, no host round trip per step. The loop state is a
-`flax.struct.dataclass`; `_plain_cond` documents when the loop stops.
+Two loops, each one jitted call from prefill to the last token (fixed-size buffers,
+per-row state, no host round trip per step; the state is a `flax.struct.dataclass`):
+
+* `generate_tokens`: plain autoregressive sampling from the target, one token per
+  step; `_plain_cond` documents when the loop stops.
+* `speculative_generate_tokens`: speculative decoding; each step the drafter proposes a
+  block (`_draft`), the target scores it in one pass and `verify` accepts a prefix plus
+  one corrected / bonus token (`_spec_body`); `_spec_cond` says when it stops.
+  `python_driven_speculative` runs the same step from Python (what the loop saves).
 """
 
 from __future__ import annotations
@@ -16,7 +22,9 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from dblast_jax import verify
 from dblast_jax.config import SamplingConfig, TargetConfig
+from dblast_jax.models import drafter as drafter_lm
 from dblast_jax.models import target as target_lm
 from dblast_jax.sampling import sample_tokens, sampling_logprobs
 
@@ -173,8 +181,6 @@ def _spec_cond(state: SpecState, sampling: SamplingConfig) -> Array:
 
 def _draft(dparams, tparams, state: SpecState, keys, tcfg, dcfg, sampling: SamplingConfig):
     """Propose d_1..d_{b-1} per row and the dense proposal Q used to verify them."""
-    from dblast_jax import verify
-    from dblast_jax.models import drafter as drafter_lm
     k_cat, k_draft = keys[0], keys[1]
     hidden, prior = drafter_lm.draft_hidden(dparams, tparams, state.anchor, state.anchor_pos,
                                             state.draft_cache, drafter_config=dcfg,
@@ -218,8 +224,6 @@ def _per_row_write(buf: Array, new: Array, starts: Array) -> Array:
 
 def _spec_body(state: SpecState, tparams, dparams, tcfg: TargetConfig, dcfg,
                sampling: SamplingConfig) -> SpecState:
-    from dblast_jax import verify
-    from dblast_jax.models import drafter as drafter_lm
     keys = step_keys(state.rng, state.step)
     drafts, proposal = _draft(dparams, tparams, state, keys, tcfg, dcfg, sampling)
     block = jnp.concatenate([state.anchor[:, None], drafts], axis=1)  # [B, b]
@@ -268,7 +272,6 @@ def _spec_body(state: SpecState, tparams, dparams, tcfg: TargetConfig, dcfg,
 def _spec_init(tparams, dparams, prompt_tokens: Array, prompt_lengths: Array, rng: Array,
                tcfg: TargetConfig, dcfg, sampling: SamplingConfig, cache_size: int) -> SpecState:
     """Target prefill (with feature taps), the first token, and the draft cache."""
-    from dblast_jax.models import drafter as drafter_lm
     _check_prompts("speculative_generate_tokens", prompt_tokens, prompt_lengths)
     drafter_lm.check_drafter_fits_target(dcfg, tcfg)
     logits, taps, target_cache = target_lm.prefill(

@@ -25,6 +25,8 @@ import os
 import socket
 from typing import Any, Callable, Optional
 
+from dblast_jax.io import paths
+
 try:
     import fcntl
 except ImportError:  # pragma: no cover - not POSIX
@@ -75,7 +77,6 @@ class FolderLock:
 
     def __init__(self, folder: str, what: str = "run",
                  log: Optional[Callable[[str], None]] = None):
-        from dblast_jax.io import paths
         self.remote = not paths.is_local(folder)  # gs://...: no lock (module doc)
         self.folder = paths.normalize(folder)
         self.path = paths.join(self.folder, LOCK_FILE)

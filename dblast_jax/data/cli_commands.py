@@ -1,5 +1,7 @@
-"""`dblast data fetch | regenerate | tfds | stats` (wired into dblast_jax.cli by
-`add_data_subcommands`). The same functions back `launch/make_data.py`."""
+"""The `dblast data fetch | regenerate | tfds | stats` subcommands.
+
+Wired into dblast_jax.cli by `add_data_subcommands`; the same functions back
+`launch/make_data.py`."""
 
 from __future__ import annotations
 
@@ -9,7 +11,15 @@ import sys
 import time
 from typing import Optional, Sequence
 
-from dblast_jax.distributed import add_cluster_args, initialize_from
+import jax
+
+from dblast_jax import generation
+from dblast_jax.data import dedup, sources
+from dblast_jax.data.stats import corpus_stats, format_stats
+from dblast_jax.distributed import add_cluster_args, initialize_from, local_mesh
+from dblast_jax.dtypes import dtype_from_name
+from dblast_jax.errors import parse_finite
+from dblast_jax.io.fetch import ChecksumError, FetchError
 
 __all__ = ["add_data_subcommands", "cmd_data_fetch", "cmd_data_regenerate", "cmd_data_stats",
            "cmd_data_tfds",
@@ -18,7 +28,6 @@ __all__ = ["add_data_subcommands", "cmd_data_fetch", "cmd_data_regenerate", "cmd
 
 def _floats(text: str) -> tuple[float, ...]:
     """Comma-separated temperatures: finite and >= 0 (nan / inf are refused)."""
-    from dblast_jax.errors import parse_finite
     try:
         return tuple(parse_finite(x, "value", minimum=0.0, example="0.7,1.0")
                      for x in str(text).split(",") if x.strip())
@@ -28,7 +37,6 @@ def _floats(text: str) -> tuple[float, ...]:
 
 
 def _top_p(text: str) -> float:
-    from dblast_jax.errors import parse_finite
     try:
         return parse_finite(text, "value", minimum=0.0, strict=True, maximum=1.0,
                             example="0.95")
@@ -41,8 +49,6 @@ def _names(text: Optional[str]) -> Optional[list[str]]:
 
 
 def cmd_data_fetch(args) -> int:
-    from dblast_jax.data import dedup, sources
-    from dblast_jax.io.fetch import ChecksumError, FetchError
     names = list(args.names or sources.SOURCES)
     unknown = [n for n in names if n not in sources.SOURCES]
     if unknown:
@@ -81,11 +87,9 @@ def run_regenerate(model: str, out: str, *, pools: Optional[Sequence[str]] = Non
     mesh: "data,fsdp,tensor" over this process's devices (e.g. "-1,1,1": batches over
     every local device). Several processes (`dblast_jax.distributed.initialize` called
     first) share the shards; each calls this with the same arguments."""
+    # startup: `dblast` imports this module; regeneration is slow to import
     from dblast_jax.data.regenerate import (RegenConfig, corpus_prompts, regenerate,
                                             training_work)
-    from dblast_jax.distributed import local_mesh
-    from dblast_jax.dtypes import dtype_from_name
-    from dblast_jax.generation import load_target
     device_mesh = local_mesh(mesh)  # a bad spec fails before the target loads
     if prompts_from:
         if pools or limit is not None or system:
@@ -95,7 +99,7 @@ def run_regenerate(model: str, out: str, *, pools: Optional[Sequence[str]] = Non
         prompts, dropped = corpus_prompts(folder, f"{first}:{stop}"), []
     else:
         prompts, dropped = training_work(pools, limit, shuffle_seed=seed)
-    target = load_target(model, dtype=dtype_from_name(dtype))
+    target = generation.load_target(model, dtype=dtype_from_name(dtype))
     if not prompts_from and target.tokenizer is None:
         raise ValueError(f"target {model!r} has no tokenizer; text prompt pools need one "
                          "(use the Python API with token prompts)")
@@ -112,8 +116,6 @@ def run_regenerate(model: str, out: str, *, pools: Optional[Sequence[str]] = Non
 
 
 def cmd_data_regenerate(args) -> int:
-    import jax
-
     initialize_from(args)
     manifest = run_regenerate(
         args.model, args.out, pools=_names(args.pools), limit=args.limit,
@@ -134,14 +136,13 @@ def cmd_data_regenerate(args) -> int:
 
 
 def cmd_data_stats(args) -> int:
-    from dblast_jax.data.stats import corpus_stats, format_stats
     s = corpus_stats(args.corpus, verify=not args.no_verify)
     print(json.dumps(s, indent=1) if args.json else format_stats(s))
     return 0
 
 
 def cmd_data_tfds(args) -> int:
-    from dblast_jax.data import sources, tfds_builders
+    from dblast_jax.data import tfds_builders  # optional dependency: tensorflow_datasets
     if not args.corpus and not args.prompts:
         print("nothing to build: pass --corpus FOLDER and/or --prompts NAME[,NAME]",
               file=sys.stderr)

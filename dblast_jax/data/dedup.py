@@ -20,6 +20,7 @@ import re
 import unicodedata
 from typing import Iterable, Sequence
 
+from dblast_jax.data import sources
 from dblast_jax.data.sources import Prompt
 
 __all__ = ["normalize", "text_hash", "Overlap", "OverlapError", "find_overlaps",
@@ -124,7 +125,6 @@ def training_prompts(pools: Sequence[str] | None = None, eval_sets: Sequence[str
 
     Returns (prompts, overlaps dropped); the result is re-checked with `check_disjoint`.
     """
-    from dblast_jax.data import sources
     train = [p for n in (pools or sources.TRAIN_POOLS) for p in sources.load_prompts(n)]
     evals = [p for n in (eval_sets or sources.EVAL_SETS) for p in sources.load_prompts(n)]
     kept, dropped = remove_overlaps(dedup_prompts(train), evals, ngram)

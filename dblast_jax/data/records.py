@@ -34,7 +34,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from dblast_jax.data.corpus import is_corpus_folder, temperature_key
+from dblast_jax.data.corpus import Corpus, is_corpus_folder, temperature_key
+from dblast_jax.data.regenerate import check_corpus_target
 
 Record = dict[str, Any]
 
@@ -255,11 +256,11 @@ def make_source(data: str, *, vocab_size: int, block_size: int, seq_len: int,
         return ListSource(load_jsonl(data, verify_temperature), name=data,
                           verify_temperature=verify_temperature)
     if is_corpus_folder(data):  # a `dblast data regenerate` folder (local or gs://...)
-        from dblast_jax.data.corpus import Corpus
         return Corpus(data, verify_temperature=verify_temperature,
                       max_shards=corpus_shards or None, first_shard=corpus_first_shard)
     if os.path.isdir(data) and os.path.exists(os.path.join(data, "dataset_info.json")):
-        from dblast_jax.data.tfds_builders import TfdsCorpusSource  # `dblast data tfds`
+        # optional dependency: tensorflow_datasets (`dblast data tfds`)
+        from dblast_jax.data.tfds_builders import TfdsCorpusSource
         if corpus_shards or corpus_first_shard:
             raise ValueError("data_shards selects shards of a corpus folder; a TFDS dataset "
                              "is already a fixed snapshot (build it with --max-shards)")
@@ -308,7 +309,6 @@ def check_data_for_target(source: Any, target_config: Any, target_name: str, tar
                          "were made with")
     manifest = getattr(source, "manifest", None)
     if uses_logp and isinstance(manifest, Mapping):
-        from dblast_jax.data.regenerate import check_corpus_target
         check_corpus_target(manifest, name, target_name, target_params, log)
 
 

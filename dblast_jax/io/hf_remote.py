@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 from dblast_jax.io.atomic import atomic_write_json, atomic_write_text
 
@@ -29,10 +30,9 @@ AUTO_MAP = {"AutoConfig": "modeling_dblast.DBlastDraftConfig",
 
 
 def modeling_source() -> str:
-    """The text written as modeling_dblast.py."""
-    from dblast_jax.io import torch_drafter
-    with open(torch_drafter.__file__, encoding="utf-8") as f:
-        return f.read()
+    """The text written as modeling_dblast.py: io/torch_drafter.py, read, not imported
+    (importing it would import torch)."""
+    return (Path(__file__).parent / "torch_drafter.py").read_text(encoding="utf-8")
 
 
 def write_remote_code(folder: str | os.PathLike) -> str:

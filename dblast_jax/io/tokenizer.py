@@ -23,6 +23,8 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as _Backend
 
+from dblast_jax.io.gguf import read_metadata
+
 # llama.cpp token types (tokenizer.ggml.token_type)
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED = 1, 2, 3, 4
 
@@ -325,7 +327,6 @@ class Tokenizer:
     @classmethod
     def from_gguf(cls, path: os.PathLike | str, **kwargs: Any) -> "Tokenizer":
         """Read only the metadata of a GGUF file and build its tokenizer."""
-        from dblast_jax.io.gguf import read_metadata
         return cls.from_gguf_metadata(read_metadata(path), **kwargs)
 
     def __repr__(self) -> str:

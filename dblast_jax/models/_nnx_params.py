@@ -1,5 +1,4 @@
-"""Plain parameter dicts <-> nnx modules, shared by `target` (TargetLM) and `drafter`
-(Drafter).
+"""Plain parameter dicts <-> nnx modules, shared by `target` (TargetLM) and `drafter` (Drafter).
 
 Parameters travel as plain nested dicts (int keys for list entries); the pure functions
 rebuild an nnx module around them on each call. `module_from_params` does that from a

@@ -22,10 +22,17 @@ from dblast_jax.config import (LEGACY_DRAFTER_FIELDS, DrafterConfig, DrafterSpec
                                TargetConfig, legacy_drafter_value)
 from dblast_jax.data.corpus import parse_shard_range  # noqa: F401  (moved; the old name)
 from dblast_jax.dtypes import PARAM_DTYPES  # noqa: F401  (re-exported)
+from dblast_jax.errors import UnknownNameError
 
 LOSSES = ("dflash", "nll", "nll+al")
 LOGP_SOURCES = ("auto", "data", "target")
 NONFINITE_POLICIES = ("error", "skip")
+
+
+def _not_one_of(config: Any, field: str, allowed: tuple) -> list[str]:
+    """[] when config.FIELD is one of `allowed`, else the one problem saying so."""
+    value = getattr(config, field)
+    return [] if value in allowed else [f"{field} {value!r} is not one of {allowed}"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,9 +128,7 @@ class TrainConfig:
     synthetic_logit_scale: float = 3.0
 
     def __post_init__(self):
-        problems = []
-        if self.loss not in LOSSES:
-            problems.append(f"loss {self.loss!r} is not one of {LOSSES}")
+        problems = _not_one_of(self, "loss", LOSSES)
         if not isinstance(self.drafter, DrafterSpec):
             raise ValueError(f"invalid TrainConfig {self.name!r}: drafter must be a "
                              f"DrafterSpec, got {type(self.drafter).__name__}")
@@ -131,18 +136,12 @@ class TrainConfig:
         if self.loss == "dflash" and d.num_categories != 1:
             problems.append(f"loss 'dflash' is the K = 1 loss; drafter.num_categories is "
                             f"{d.num_categories} (use 'nll' or 'nll+al')")
-        if self.logp_source not in LOGP_SOURCES:
-            problems.append(f"logp_source {self.logp_source!r} is not one of {LOGP_SOURCES}")
-        if self.nonfinite_policy not in NONFINITE_POLICIES:
-            problems.append(f"nonfinite_policy {self.nonfinite_policy!r} is not one of "
-                            f"{NONFINITE_POLICIES}")
+        problems += _not_one_of(self, "logp_source", LOGP_SOURCES)
+        problems += _not_one_of(self, "nonfinite_policy", NONFINITE_POLICIES)
         if self.max_skipped_steps < 0:
             problems.append(f"max_skipped_steps must be >= 0, got {self.max_skipped_steps}")
-        if self.param_dtype not in PARAM_DTYPES:
-            problems.append(f"param_dtype {self.param_dtype!r} is not one of {PARAM_DTYPES}")
-        if self.feature_cache_dtype not in PARAM_DTYPES:
-            problems.append(f"feature_cache_dtype {self.feature_cache_dtype!r} is not one of "
-                            f"{PARAM_DTYPES}")
+        problems += _not_one_of(self, "param_dtype", PARAM_DTYPES)
+        problems += _not_one_of(self, "feature_cache_dtype", PARAM_DTYPES)
         if self.data_shards < 0:
             problems.append(f"data_shards must be >= 0, got {self.data_shards}")
         for field in ("num_steps", "batch_size", "anchors_per_sequence", "grad_accum_steps",
@@ -485,7 +484,6 @@ def get_experiment(name: str, overrides: Iterable[str] = ()) -> TrainConfig:
     try:
         config = EXPERIMENTS[name]
     except KeyError:
-        from dblast_jax.errors import UnknownNameError  # a KeyError that prints its message
         raise UnknownNameError(f"unknown experiment {name!r}; known: "
                                f"{', '.join(sorted(EXPERIMENTS))} (launch/train.py "
                                "--list_experiments describes them)") from None

@@ -20,6 +20,10 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from dblast_jax.io import paths  # local or gs://
+from dblast_jax.train.checkpoint import read_log_rows
+from dblast_jax.train.validation import read_validation
+
 PANELS = (("block_nll", "mixture NLL per block (nats)"), ("top1_mean", "top-1 agreement"),
           ("al_estimate", "AL estimate (accepted drafts)"))
 # runs logged before `block_nll` existed show their objective in that panel instead
@@ -29,8 +33,6 @@ FALLBACK = {"block_nll": "loss"}
 def read_metrics(workdir: str | Path) -> list[dict]:
     """The rows of `workdir/metrics.jsonl` (a cut last line is ignored; a corrupt line
     before it is an error naming the line)."""
-    from dblast_jax.io import paths  # local or gs://
-    from dblast_jax.train.checkpoint import read_log_rows
     path = paths.join(os.fspath(workdir), "metrics.jsonl")
     if not paths.exists(path):
         raise FileNotFoundError(f"{path} not found: is {workdir} a training workdir?")
@@ -50,7 +52,6 @@ def smooth(values: Sequence[float], window: int) -> np.ndarray:
 
 def run_series(workdir: str | Path) -> dict[str, tuple[list, list]]:
     """{panel key: ([(step, training value)], [(step, held-out value)])} of one run."""
-    from dblast_jax.train.validation import read_validation
     rows, held = read_metrics(workdir), read_validation(os.fspath(workdir))
     out = {}
     for key, _ in PANELS:
@@ -85,7 +86,6 @@ def plot_curves(workdirs: Sequence[str | Path], out: str | Path, window: int = 2
             ax.set_xlabel("step")
     axes[0].legend(fontsize=8)
     fig.tight_layout()
-    from dblast_jax.io import paths
     if not paths.is_local(out):  # gs://...: the PNG rendered in memory, one object write
         buf = io.BytesIO()
         fig.savefig(buf, dpi=100, format="png")

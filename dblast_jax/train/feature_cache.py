@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dblast_jax.config import TargetConfig
+from dblast_jax.io import paths
 from dblast_jax.io.atomic import atomic_write_text
 from dblast_jax.models import target as target_lib
 from dblast_jax.data import records as records_lib
@@ -49,7 +50,6 @@ DTYPES = {"float32": np.float32, "bfloat16": np.uint16}  # bf16 bits kept as uin
 
 def check_local(folder: os.PathLike | str) -> None:
     """ValueError (one line) for an object-store folder: see the module doc."""
-    from dblast_jax.io import paths
     paths.require_local(
         folder, "feature_cache",
         "the taps are memory-mapped (np.load mmap_mode), which needs local files; put the "

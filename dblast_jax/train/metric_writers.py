@@ -25,6 +25,8 @@ import os
 import time
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
+from dblast_jax.io import paths
+
 __all__ = ["MetricWriter", "NullWriter", "TensorBoardWriter", "WandbWriter", "FanOutWriter",
            "scalar_items", "make_train_writer", "TENSORBOARD_DIR", "WANDB_MISSING"]
 
@@ -108,7 +110,6 @@ def check_tensorboard_logdir(logdir: str) -> None:
     """tensorboardX writes event files locally, to gs:// through google-cloud-storage
     (each flush re-uploads the file as one object) and to s3:// through boto3; any other
     URI, or gs:// without that package, is refused here, before the first step."""
-    from dblast_jax.io import paths
     if paths.is_local(logdir):
         return
     scheme = logdir.split("://", 1)[0].lower()
@@ -148,7 +149,6 @@ class TensorBoardWriter(MetricWriter):
     def _summary_writer(self):
         if self._writer is None:
             from tensorboardX import SummaryWriter
-            from dblast_jax.io import paths
             if paths.is_local(self.logdir):  # gs://: objects, no folders to create
                 os.makedirs(self.logdir, exist_ok=True)
             # tensorboardX names a file by the second it opened ('wb'): a restart within
@@ -250,7 +250,6 @@ def make_train_writer(config: Any, workdir: str, *, start_step: int = 0,
     if not primary:
         return NullWriter()
     writers: list[MetricWriter] = []
-    from dblast_jax.io import paths
     if getattr(config, "tensorboard", False):
         writers.append(TensorBoardWriter(paths.join(workdir, TENSORBOARD_DIR),
                                          purge_step=int(start_step) + 1, primary=True))

@@ -40,9 +40,11 @@ from dblast_jax import sharding as sharding_lib
 from dblast_jax.config import DrafterConfig
 from dblast_jax.dtypes import dtype_from_name
 from dblast_jax.io import paths
+from dblast_jax.io.dflash import export_drafter
 from dblast_jax.models import drafter as drafter_lib
 from dblast_jax.train import checkpoint as ckpt_lib
 from dblast_jax.train.config import TrainConfig
+from dblast_jax.train.trainer import NonFiniteError
 from dblast_jax.workdir_lock import FolderLock, FolderLockedError
 
 __all__ = ["RestoredDrafter", "is_training_workdir", "restore_mesh", "restore_drafter",
@@ -249,11 +251,9 @@ def export_params(params: Any, drafter_config, folder: str, *, dtype: str,
     """The one export path of a trained drafter (Trainer.export and export_workdir):
     refuse non-finite parameters, write the DFlash layout from process 0, then a barrier.
     params: host (numpy) pytree."""
-    from dblast_jax.io.dflash import export_drafter
     bad = [jax.tree_util.keystr(path) for path, x in
            jax.tree_util.tree_leaves_with_path(params) if not np.all(np.isfinite(x))]
     if bad:
-        from dblast_jax.train.trainer import NonFiniteError
         raise NonFiniteError(f"refusing to export a drafter with non-finite parameters "
                              f"({', '.join(bad[:4])}) to {folder}; export an earlier "
                              "checkpoint or retrain with a lower learning_rate")

@@ -43,9 +43,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from dblast_jax import sharding as sharding_lib
 from dblast_jax.config import DrafterConfig, TargetConfig
 from dblast_jax.dtypes import dtype_from_name
+from dblast_jax.generation import load_target
 from dblast_jax.models import drafter as drafter_lib
 from dblast_jax.data import pipeline as pipeline_lib
 from dblast_jax.data import records as records_lib
+from dblast_jax.train import feature_cache as fc
 from dblast_jax.train import metric_writers
 from dblast_jax.train import validation as validation_lib
 from dblast_jax.train import warm_start
@@ -97,7 +99,6 @@ def resolve_target(target: Any, config: TrainConfig):
     if target is None:
         if not config.target:
             raise ValueError("no target: set target (--target PRESET_OR_PATH)")
-        from dblast_jax.generation import load_target
         dtype = dtype_from_name(config.param_dtype)
         target = load_target(config.target, dtype=dtype)
     if hasattr(target, "config") and hasattr(target, "params"):
@@ -269,7 +270,6 @@ class Trainer:
 
     def _use_feature_cache(self, tparams: Params, tname: str) -> None:
         """Read the frozen target's taps from a cache built once (feature_cache.py)."""
-        from dblast_jax.train import feature_cache as fc
         cfg = self.config
         fc.check_local(cfg.feature_cache)  # memory-mapped: gs:// is refused, in one line
         if not isinstance(self.batcher, pipeline_lib.BatchIterator):
@@ -661,7 +661,7 @@ class Trainer:
         dtype 'float32' / 'bfloat16' (default: the training parameters' dtype); `force`:
         see dflash.export_drafter (a folder that is not empty and not a previous export)."""
         try:
-            from dblast_jax.train.restore import export_params
+            from dblast_jax.train.restore import export_params  # cycle: restore imports this
         except ImportError as e:  # the export module is optional
             self.log(f"export skipped: dblast_jax.io.dflash unavailable ({e})")
             return None

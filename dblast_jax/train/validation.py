@@ -31,7 +31,11 @@ from dblast_jax.config import DrafterSpec, TargetConfig
 from dblast_jax.data import pipeline as pipeline_lib
 from dblast_jax.data import records as records_lib
 from dblast_jax.data.corpus import is_corpus_folder, parse_shard_range
+from dblast_jax.io import paths  # local or gs://
+from dblast_jax.models.drafter import tempered_prior_params
+from dblast_jax.train.checkpoint import read_log_rows  # a cut last line is skipped
 from dblast_jax.train.config import TrainConfig
+from dblast_jax.train.step import compiled_eval_step  # the trainer's jitted eval step
 
 __all__ = ["HELD_OUT_SEED_OFFSET", "VALIDATION_FILE", "make_validation_source",
            "mean_metrics", "paired_gain", "validate_drafters", "read_validation",
@@ -154,7 +158,6 @@ def _validation_params(name: str, drafter: Any):
     """The drafter's parameters with its `@zt=` setting applied (Z_T changes the branch
     weights both AL estimates average over); other sampling settings are refused, since
     validation always reports sampled-branch and sampled-mixture acceptance at T_v."""
-    from dblast_jax.models.drafter import tempered_prior_params
     overrides = dict(getattr(drafter, "sampling_overrides", None) or {})
     zt = overrides.pop("category_temperature", 1.0)
     if overrides:
@@ -180,7 +183,6 @@ def validate_drafters(drafters: Mapping[str, Any], target: Any, data: str, *,
     batch i is scored by process i % count on its first local device, the per-batch
     metrics are gathered (`process_allgather`, bit-exact) and summed in batch order, so
     every process returns a 1-process run's numbers exactly."""
-    from dblast_jax.train.step import compiled_eval_step  # the trainer's jitted eval step
     if not drafters:
         raise ValueError("no drafter to validate")
     if baseline is not None and baseline not in drafters:  # refuse before any work
@@ -257,11 +259,9 @@ def validate_drafters(drafters: Mapping[str, Any], target: Any, data: str, *,
 
 def read_validation(workdir: str) -> list[dict[str, Any]]:
     """The validation rows of a training run (empty when it never validated)."""
-    from dblast_jax.io import paths  # local or gs://
     path = paths.join(os.fspath(workdir), VALIDATION_FILE)
     if not paths.exists(path):
         return []
-    from dblast_jax.train.checkpoint import read_log_rows  # a cut last line is skipped
     return read_log_rows(path)[0]
 
 

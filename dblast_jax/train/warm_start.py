@@ -1,4 +1,4 @@
-"""Warm start: initialise a drafter from the frozen target's own layers.
+"""Warm start: initialise a drafter from the frozen target's own layers or a trained drafter.
 
 A randomly initialised drafter spends its first hundreds of steps learning what the
 target already knows: the scale of the final hidden state its LM head expects (SmolLM2's
@@ -29,7 +29,9 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from dblast_jax import pretrained
 from dblast_jax.config import DrafterConfig, TargetConfig
+from dblast_jax.io.dflash import load_dflash
 from dblast_jax.io.layer_keys import get_leaf, set_leaf
 
 Params = dict[str, Any]
@@ -98,9 +100,7 @@ def load_source_drafter(spec: str, target_config: TargetConfig, target_name: str
                         log: Callable[[str], None] = print) -> tuple[DrafterConfig, Params]:
     """(config, host params) of the drafter named by `spec`: a training workdir (its
     latest checkpoint), an export folder, or `pretrained:NAME`."""
-    from dblast_jax import pretrained
-    from dblast_jax.io.dflash import load_dflash
-    from dblast_jax.train import restore
+    from dblast_jax.train import restore  # cycle: restore imports the trainer, which imports this
     if pretrained.is_pretrained_spec(spec):
         folder = pretrained.pretrained_folder(spec[len(pretrained.PREFIX):], target=target_name)
         return load_dflash(str(folder), target_config)
