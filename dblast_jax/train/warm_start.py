@@ -37,6 +37,7 @@ from dblast_jax.io.layer_keys import get_leaf, set_leaf
 Params = dict[str, Any]
 
 DRAFTER_PREFIX = "drafter:"
+_WHO = f"drafter_init={DRAFTER_PREFIX}SPEC"  # how errors name the option
 # DrafterConfig fields that only the DBlast heads depend on: the source may differ there
 _HEAD_FIELDS = ("num_categories", "expander_width", "name")
 # parameter subtrees that a K > 1 drafter has and a K = 1 drafter lacks
@@ -122,14 +123,14 @@ def warm_start_from_drafter(dparams: Params, drafter_config: DrafterConfig,
     mine = {f.name: getattr(drafter_config, f.name) for f in dataclasses.fields(drafter_config)}
     theirs = {f.name: getattr(source_config, f.name) for f in dataclasses.fields(source_config)}
     differ = [f"{k}: {theirs[k]!r} vs {mine[k]!r}" for k in mine
-              if k not in _HEAD_FIELDS and tuple_or(theirs[k]) != tuple_or(mine[k])]
+              if k not in _HEAD_FIELDS and _as_tuple(theirs[k]) != _as_tuple(mine[k])]
     if differ:
-        raise ValueError("warm start from a drafter: the source drafter is not the same "
+        raise ValueError(f"{_WHO}: the source drafter is not the same "
                          "trunk as this run's (source vs run: " + "; ".join(differ) + ")")
     if source_config.num_categories > 1 and (
             source_config.num_categories != drafter_config.num_categories
             or source_config.expander_width != drafter_config.expander_width):
-        raise ValueError(f"warm start from a drafter: the source has K = "
+        raise ValueError(f"{_WHO}: the source has K = "
                          f"{source_config.num_categories} categories (expander width "
                          f"{source_config.expander_width}), this run K = "
                          f"{drafter_config.num_categories} ({drafter_config.expander_width}); "
@@ -140,17 +141,18 @@ def warm_start_from_drafter(dparams: Params, drafter_config: DrafterConfig,
                      and k.split("/")[0] not in _HEAD_PARAMS)
     extra = sorted(k for k in flat_src if k not in flat_out)
     if missing or extra:
-        raise ValueError(f"warm start from a drafter: parameters missing in the source "
+        raise ValueError(f"{_WHO}: parameters missing in the source "
                          f"{missing[:6]}, unknown to this run {extra[:6]}")
     for key, value in flat_src.items():
         want = flat_out[key]
         value = np.asarray(value, np.float32)
         if value.shape != want.shape:
-            raise ValueError(f"warm start from a drafter: {key} is {value.shape} in the "
+            raise ValueError(f"{_WHO}: {key} is {value.shape} in the "
                              f"source, {want.shape} in this run")
         set_leaf(out, key, value.astype(want.dtype))
     return out
 
 
-def tuple_or(value: Any) -> Any:
+def _as_tuple(value: Any) -> Any:
+    """JSON-loaded configs hold lists where built ones hold tuples (target_layer_ids)."""
     return tuple(value) if isinstance(value, list) else value
