@@ -68,22 +68,23 @@ def _compile(template: str) -> re.Pattern:
 _RULES = tuple((_compile(hf), hf, _compile(path), path, t) for hf, path, t in KEY_TABLE)
 
 
+def _translate(name: str, from_hf: bool) -> Optional[tuple[str, bool]]:
+    """One KEY_TABLE lookup, either way: (translated name, transpose?) or None."""
+    for hf_re, hf_tpl, path_re, path_tpl, t in _RULES:
+        m = (hf_re if from_hf else path_re).match(name)
+        if m:
+            return (path_tpl if from_hf else hf_tpl).format(**m.groupdict()), t == "T"
+    return None
+
+
 def hf_key_to_param(key: str) -> Optional[tuple[str, bool]]:
     """HF tensor name -> (parameter path "a/b/c", transpose?), or None if unmapped."""
-    for hf_re, _, _, path_tpl, t in _RULES:
-        m = hf_re.match(key)
-        if m:
-            return path_tpl.format(**m.groupdict()), t == "T"
-    return None
+    return _translate(key, from_hf=True)
 
 
 def param_to_hf_key(path: str) -> Optional[tuple[str, bool]]:
     """Parameter path "a/b/c" -> (HF tensor name, transpose?), or None if unmapped."""
-    for _, hf_tpl, path_re, _, t in _RULES:
-        m = path_re.match(path)
-        if m:
-            return hf_tpl.format(**m.groupdict()), t == "T"
-    return None
+    return _translate(path, from_hf=False)
 
 
 # ---- config ----------------------------------------------------------------------------------
