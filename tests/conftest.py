@@ -278,6 +278,41 @@ def smollm2_hf():
     return model, tok
 
 
+# ---- the tiny demo, run once (test_demo.py checks it, test_notebook.py resumes a copy) ------
+
+def ship_random_drafter(root, target_name: str, block_size: int) -> str:
+    """A pretrained/ tree under `root` with one (untrained) drafter for `target_name`."""
+    from dblast_jax import pretrained
+    from dblast_jax.config import DrafterConfig
+    from dblast_jax.generation import export_drafter, init_drafter, load_target
+    target = load_target(target_name)
+    config = DrafterConfig.for_target(target.config, num_layers=1, block_size=block_size,
+                                      num_categories=2)
+    export = export_drafter(init_drafter(target, config, 0), root / "export", dtype="bfloat16")
+    pretrained.add_pretrained("tiny-shipped", export, target=target_name, root=root / "p",
+                              info={"description": "an untrained test drafter"})
+    return str(root / "p")
+
+
+@pytest.fixture(scope="session")
+def tiny_demo(tmp_path_factory):
+    """`run_demo(DemoConfig.tiny())` from scratch, with a random drafter shipped for its
+    target (DBLAST_PRETRAINED_DIR): namespace of config, workdir, result, logs, pretrained.
+    The demo is the suite's heaviest run; both tests that need a finished one share it."""
+    import types
+
+    from dblast_jax.demo import DemoConfig, run_demo
+    root = tmp_path_factory.mktemp("tiny_demo")
+    config = DemoConfig.tiny()
+    shipped = ship_random_drafter(root, config.model, config.drafter.block_size)
+    logs = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DBLAST_PRETRAINED_DIR", shipped)
+        result = run_demo(config, root / "demo", progress=False, log=logs.append)
+    return types.SimpleNamespace(config=config, workdir=root / "demo", result=result,
+                                 logs=logs, pretrained=shipped)
+
+
 def hf_from_gguf(path, head_dim=None):
     """transformers' model for a GGUF file (float32, eval mode); the same weights our
     io.gguf loader reads (test_gguf_smollm2.py, test_shipped_dflash.py)."""

@@ -8,30 +8,14 @@ from dblast_jax import cli
 from dblast_jax.demo import DemoConfig, parse_demo_overrides, run_demo, shipped_drafters
 
 
-def _ship_random_drafter(root, target_name: str, block_size: int) -> str:
-    """A pretrained/ tree with one (untrained) drafter for `target_name`."""
-    from dblast_jax import pretrained
-    from dblast_jax.config import DrafterConfig
-    from dblast_jax.generation import export_drafter, init_drafter, load_target
-    target = load_target(target_name)
-    config = DrafterConfig.for_target(target.config, num_layers=1, block_size=block_size,
-                                      num_categories=2)
-    export = export_drafter(init_drafter(target, config, 0), root / "export", dtype="bfloat16")
-    pretrained.add_pretrained("tiny-shipped", export, target=target_name, root=root / "p",
-                              info={"description": "an untrained test drafter"})
-    return str(root / "p")
-
-
-def test_tiny_demo_end_to_end_and_resume(tmp_path, monkeypatch):
+def test_tiny_demo_end_to_end_and_resume(tiny_demo, monkeypatch):
     """The whole pipeline on a tiny random model with SmolLM2's tokenizer and the real
-    benchmark / training-pool files; a rerun resumes every stage and changes nothing.
-    A drafter shipped in pretrained/ for the demo's target is evaluated beside them."""
-    work = tmp_path / "demo"
-    config = DemoConfig.tiny()
-    monkeypatch.setenv("DBLAST_PRETRAINED_DIR",
-                       _ship_random_drafter(tmp_path, config.model, config.drafter.block_size))
-    logs = []
-    result = run_demo(config, work, progress=False, log=logs.append)
+    benchmark / training-pool files (run from scratch by the `tiny_demo` fixture); a rerun
+    resumes every stage and changes nothing. A drafter shipped in pretrained/ for the
+    demo's target is evaluated beside them."""
+    config, work, result, logs = (tiny_demo.config, tiny_demo.workdir, tiny_demo.result,
+                                  tiny_demo.logs)
+    monkeypatch.setenv("DBLAST_PRETRAINED_DIR", tiny_demo.pretrained)
 
     manifest = json.loads((work / "corpus" / "manifest.json").read_text())
     assert manifest["complete"] and manifest["totals"]["sequences"] == config.corpus_prompts

@@ -1,6 +1,7 @@
 """The Colab quickstart notebook runs top to bottom (at tiny size), so it cannot rot."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,12 @@ nbclient = pytest.importorskip("nbclient")
 NOTEBOOK = Path(__file__).resolve().parents[1] / "experiments" / "colab" / "quickstart.ipynb"
 
 
-def test_quickstart_notebook_executes_at_tiny_size(tmp_path):
+def test_quickstart_notebook_executes_at_tiny_size(tmp_path, tiny_demo, monkeypatch):
+    """Every cell runs in a real kernel. Its demo cell resumes a copy of the session's
+    finished tiny demo (test_demo.py runs and checks the demo itself from scratch), so
+    this test costs the kernel, the generate calls and the plots, not a second demo."""
+    shutil.copytree(tiny_demo.workdir, tmp_path / "work")
+    monkeypatch.setenv("DBLAST_PRETRAINED_DIR", tiny_demo.pretrained)  # the kernel inherits it
     nb = nbformat.read(NOTEBOOK, as_version=4)
     params = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(params) == 1, "the notebook needs exactly one cell tagged 'parameters'"

@@ -174,10 +174,22 @@ def reference_speculative(tp, dp, prompts, rng, tc, dc, sampling):
     Each step recomputes the target over the whole sequence (no KV cache), runs the drafter
     through its *training* pass on the full context (no draft cache), and verifies in numpy
     with a Python loop over positions. Random numbers come from the same keys and shapes as
-    the on-device loop (`jax.random.categorical` is argmax(logits + gumbel)).
+    the on-device loop (`jax.random.categorical` is argmax(logits + gumbel)). Sequences are
+    padded to one width so each pass compiles once (causal: the padding after a position
+    does not change it).
     """
     bsz, b = len(prompts), dc.block_size
     width = max(len(p) for p in prompts)
+    full = width + sampling.max_new_tokens + b
+    taps_of = jax.jit(lambda t: T.forward(tp, t, config=tc, tap_layers=dc.target_layer_ids)[1])
+    logits_of = jax.jit(lambda t: T.forward(tp, t, config=tc)[0])
+    drafter_of = jax.jit(lambda taps, t, anchor: D.train_hidden(
+        dp, tp, taps, t, anchor, drafter_config=dc, target_config=tc))
+
+    def pad(seq):
+        out = np.zeros((1, full), np.int32)
+        out[0, :len(seq)] = seq
+        return jnp.asarray(out)
     padded = np.zeros((bsz, width), np.int32)
     for i, p in enumerate(prompts):
         padded[i, :len(p)] = p
@@ -195,10 +207,8 @@ def reference_speculative(tp, dp, prompts, rng, tc, dc, sampling):
         k_cat, k_draft, k_acc, k_res = step_keys(rng, jnp.int32(step))
         priors, branch_logits = [], []
         for seq in seqs:
-            ctx = jnp.asarray([seq])
-            _, taps = T.forward(tp, ctx, config=tc, tap_layers=dc.target_layer_ids)
-            hidden, prior = D.train_hidden(dp, tp, taps, ctx, jnp.asarray([[len(seq) - 1]]),
-                                           drafter_config=dc, target_config=tc)
+            ctx = pad(seq)
+            hidden, prior = drafter_of(taps_of(ctx), ctx, jnp.asarray([[len(seq) - 1]]))
             priors.append(np.asarray(prior[0, 0]))
             branch_logits.append(np.asarray(D.branch_logits(tp, hidden[0, 0], tc)))  # [K,b-1,V]
         draw_logp = np.asarray(jax.nn.log_softmax(
@@ -214,8 +224,8 @@ def reference_speculative(tp, dp, prompts, rng, tc, dc, sampling):
             if done[i]:
                 continue
             block = seqs[i] + list(drafts[i])
-            logits, _ = T.forward(tp, jnp.asarray([block]), config=tc)
-            p = np.exp(np.asarray(sampling_logprobs(logits[0, len(seqs[i]) - 1:],
+            logits = logits_of(pad(block))
+            p = np.exp(np.asarray(sampling_logprobs(logits[0, len(seqs[i]) - 1:len(block)],
                                                     sampling.temperature, sampling.top_k,
                                                     sampling.top_p), np.float64))
             q = np.exp(log_q[i].astype(np.float64))
