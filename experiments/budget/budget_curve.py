@@ -123,9 +123,14 @@ def plot_curves() -> None:
                              "with --workdir)")
         name = name or os.path.basename(folder.rstrip("/"))
         x = [r["cpu_s"] for r in rows]
-        axes[0].plot(x, [r["al_estimate"] for r in rows], marker=".", label=name)
+        line, = axes[0].plot(x, [r["al_estimate"] for r in rows], marker=".", label=name)
+        mixture = [r.get("al_estimate_mixture", r["al_estimate"]) for r in rows]
+        if any(abs(m - r["al_estimate"]) > 1e-6 for m, r in zip(mixture, rows)):  # K > 1
+            axes[0].plot(x, mixture, marker=".", linestyle="--", color=line.get_color(),
+                         label=f"{name} (sampled-mixture)")
         axes[1].plot(x, [r["top1"][0] for r in rows], marker=".", label=name)
-    axes[0].set_ylabel("held-out expected accepted drafts / block (T_v = 1)")
+    axes[0].set_ylabel("held-out expected accepted drafts / block (T_v = 1)\n"
+                       "(solid: sampled-branch)")
     axes[1].set_ylabel("held-out top-1 agreement, first block slot")
     for ax in axes:
         ax.set_xlabel("training CPU-seconds")
