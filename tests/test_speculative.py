@@ -180,7 +180,7 @@ def reference_speculative(tp, dp, prompts, rng, tc, dc, sampling):
     """
     bsz, b = len(prompts), dc.block_size
     width = max(len(p) for p in prompts)
-    full = width + sampling.max_new_tokens + b
+    full = width + sampling.max_new_tokens + 2 * b  # a sequence plus one drafted block, at most
     taps_of = jax.jit(lambda t: T.forward(tp, t, config=tc, tap_layers=dc.target_layer_ids)[1])
     logits_of = jax.jit(lambda t: T.forward(tp, t, config=tc)[0])
     drafter_of = jax.jit(lambda taps, t, anchor: D.train_hidden(
