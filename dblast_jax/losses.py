@@ -96,6 +96,7 @@ __all__ = [
     "mixture_nll",
     "mixture_nll_per_anchor",
     "log_prefix_weights",
+    "greedy_accepted",
     "al_estimate",
     "predicted_tau",
     "al_surrogate",
@@ -305,6 +306,18 @@ def al_estimate(logq: Array, prior_logits: Optional[Array], logp: Array, mask=No
     Unbiased for the expected number of accepted drafts under `sampled-branch` verification
     when the data block x* is drawn from the target at the verify temperature."""
     return jnp.sum(prefix_acceptance(logq, prior_logits, logp, mask), axis=-1)
+
+
+def greedy_accepted(hit: Array, pi: Array, mask: Array) -> Array:
+    """Per-anchor leading run of drafts equal to the data tokens, prior-weighted over
+    branches  [B, A]. hit: [B, A, K, P] (the branch's argmax == the data token), pi:
+    [B, A, K] branch weights, mask: [B, A, P] real positions (a run stops at the first
+    unreal one). When the data are the target's own greedy text (a T = 0 corpus), this is
+    the number of drafts greedy verification accepts (for K > 1 in expectation over the
+    branch, which the sampler draws from pi), with no generation: greedy tau - 1 held out."""
+    ok = jnp.logical_and(hit, mask[:, :, None, :]).astype(jnp.float32)
+    run = jnp.sum(jnp.cumprod(ok, axis=-1), axis=-1)  # [B, A, K]
+    return jnp.einsum("bak,bak->ba", pi.astype(jnp.float32), run)
 
 
 def predicted_tau(al_hat: Array) -> Array:

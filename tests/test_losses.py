@@ -221,6 +221,28 @@ def test_al_estimate_matches_numpy(seed):
     np.testing.assert_allclose(np.asarray(got_prefix), want_prefix, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_greedy_accepted_matches_a_loop(seed):
+    """The leading run of hits, position by position, stopping at a miss or an unreal
+    position, averaged over branches by pi."""
+    rng = np.random.default_rng(seed)
+    b, a, k, p = 3, 4, 2, 6
+    hit = rng.random((b, a, k, p)) < 0.7
+    mask = rng.random((b, a, p)) < 0.9
+    pi = rng.dirichlet(np.ones(k), size=(b, a))
+    want = np.zeros((b, a))
+    for i, j, z in itertools.product(range(b), range(a), range(k)):
+        run = 0
+        while run < p and hit[i, j, z, run] and mask[i, j, run]:
+            run += 1
+        want[i, j] += pi[i, j, z] * run
+    got = L.greedy_accepted(jnp.asarray(hit), jnp.asarray(pi, jnp.float32), jnp.asarray(mask))
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
+    every = L.greedy_accepted(jnp.ones((1, 1, 1, p), bool), jnp.ones((1, 1, 1)),
+                              jnp.ones((1, 1, p), bool))
+    assert float(every[0, 0]) == p  # all drafts accepted
+
+
 def test_al_estimate_special_values():
     # q = 0 -> alpha 0 (never proposed, even if p = 0 too); p = 0 < q -> alpha 1.
     logq = np.array([[[[np.log(0.5), np.log(0.2), NEG, -1.0]]]])

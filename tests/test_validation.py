@@ -172,6 +172,7 @@ def test_cli_validate(tmp_path, capsys):
     assert "| k2 |" in (out / "validation.md").read_text()
     for r in record["results"].values():  # per draft position, summing to the estimates
         assert len(r["accept_prefix"]) == 7  # block size 8 (random drafters)
+        assert 0.0 <= r["greedy_accepted"] <= 7.0
         assert sum(r["accept_prefix"]) == pytest.approx(r["al_estimate"], rel=1e-4, abs=1e-7)
         assert sum(r["accept_prefix_mixture"]) == pytest.approx(r["al_estimate_mixture"],
                                                                 rel=1e-4, abs=1e-7)

@@ -299,6 +299,9 @@ def loss_terms(dparams: Params, tparams: Params, batch: Mapping[str, Array], rng
     per_pos = jnp.sum(agree * m, axis=(0, 1)) / jnp.maximum(jnp.sum(m, axis=(0, 1)), 1.0)
     metrics["top1"] = per_pos
     metrics["top1_mean"] = jnp.sum(agree * m) / jnp.maximum(jnp.sum(m), 1.0)
+    # leading drafts equal to the data: greedy verification's accepted drafts on T = 0 text
+    run = losses.greedy_accepted(tl.argmax == branch_labels, pi, pos_mask)
+    metrics["greedy_accepted"] = losses.masked_anchor_mean(run, jnp.any(pos_mask, axis=-1))
 
     # -- the latent prior: does the mixture use its branches (entropy, mean weight of each)?
     valid = jnp.any(pos_mask, axis=-1).astype(jnp.float32)  # [B, A]

@@ -43,7 +43,8 @@ __all__ = ["HELD_OUT_SEED_OFFSET", "VALIDATION_FILE", "make_validation_source",
 
 VALIDATION_FILE = "validation.jsonl"
 HELD_OUT_SEED_OFFSET = 1_000_003  # synthetic held-out records: same language, other seed
-SUMMARY_KEYS = ("al_estimate", "al_estimate_mixture", "predicted_tau", "nll", "top1_mean")
+SUMMARY_KEYS = ("al_estimate", "al_estimate_mixture", "predicted_tau", "nll", "top1_mean",
+                "greedy_accepted")
 
 
 def make_validation_source(config: TrainConfig, target_config: TargetConfig,

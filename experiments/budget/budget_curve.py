@@ -89,14 +89,14 @@ def train_curve() -> None:
         t = time.process_time()
         m = trainer.evaluate(held_out, FLAGS.validation_batches, step=step)
         keep = ("al_estimate", "al_estimate_mixture", "block_nll", "top1_mean", "top1",
-                "accept_prefix", "distill_kl")
+                "accept_prefix", "distill_kl", "greedy_accepted")
         row = {"step": step, "cpu_s": cpu, "segment_cpu_s": seg_cpu,
                "validation_cpu_s": time.process_time() - t, "setup_cpu_s": setup_cpu,
                "time": time.time(), **{k: m[k] for k in keep if k in m}}
         _append(FLAGS.workdir, row)
         print(f"step {step}  cpu {cpu:7.0f} s  AL {row['al_estimate']:.4f}  mixture "
               f"{row.get('al_estimate_mixture', float('nan')):.4f}  top1[0] "
-              f"{row['top1'][0]:.3f}", flush=True)
+              f"{row['top1'][0]:.3f}  greedy {row['greedy_accepted']:.3f}", flush=True)
 
     if not rows:
         score(trainer.start_step, 0.0)
