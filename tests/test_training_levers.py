@@ -8,6 +8,7 @@ import pytest
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from dblast_jax import losses
 from dblast_jax.chunked_logits import teacher_topk, token_logprobs
@@ -231,3 +232,134 @@ def test_warm_start_from_a_k1_drafter_copies_its_trunk_into_k4(corpus, tmp_path)
                 "back")
     with pytest.raises(ValueError, match="no such"):
         trainer(_cfg(corpus, f"drafter_init=drafter:{tmp_path / 'nowhere'}"), "none")
+
+
+# ---- tap_rms_scaling: fc preconditioned by the taps' per-channel RMS -----------------------
+
+def test_channel_rms_and_row_scale_match_numpy():
+    from dblast_jax.train import tap_scaling
+    rng = np.random.default_rng(3)
+    taps = rng.normal(size=(2, 5, 3, 4)) * np.array([0.1, 1.0, 300.0])[None, None, :, None]
+    valid = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], bool)
+    rms = tap_scaling.channel_rms(taps, valid)
+    want = np.sqrt(np.mean(taps[valid] ** 2, axis=0)).reshape(-1)  # tap-major, like fc
+    np.testing.assert_allclose(rms, want)
+    rms[0] = 0.0  # a dead channel gets the floor, not an unbounded learning rate
+    scale = tap_scaling.fc_row_scale(rms)
+    assert scale.shape == (12, 1)
+    np.testing.assert_allclose(scale[1:, 0], 1.0 / want[1:], rtol=1e-6)
+    np.testing.assert_allclose(scale[0, 0], 1.0 / (np.median(rms) * tap_scaling.RMS_FLOOR_FRACTION),
+                               rtol=1e-6)
+    with pytest.raises(ValueError, match="valid"):
+        tap_scaling.channel_rms(taps, np.zeros((2, 5), bool))
+    with pytest.raises(ValueError, match="B, T, n_taps, H"):
+        tap_scaling.channel_rms(taps[0], valid)
+
+
+def _fc_problem(seed=4):
+    rng = np.random.default_rng(seed)
+    s = np.exp(rng.uniform(-3, 6, size=12)).astype(np.float32)  # channel scales 0.05 .. 400
+    x = (rng.normal(size=(32, 12)) * s).astype(np.float32)
+    y = rng.normal(size=(32, 5)).astype(np.float32)
+    w0 = (0.02 * rng.normal(size=(12, 5))).astype(np.float32)
+    params = {"fc": {"kernel": jnp.asarray(w0)}, "norm": {"scale": jnp.ones((5,))}}
+
+    def loss(p, inputs):
+        out = inputs @ p["fc"]["kernel"]
+        out = out / jnp.sqrt(jnp.mean(out ** 2, -1, keepdims=True) + 1e-6) * p["norm"]["scale"]
+        return jnp.mean((out - y) ** 2)
+    return s, x, params, loss
+
+
+def _run(tx, params, grad_of, steps=5):
+    state = tx.init(params)
+    for _ in range(steps):
+        updates, state = tx.update(grad_of(params), state, params)
+        params = optax.apply_updates(params, updates)
+    return params, state
+
+
+def test_unit_row_scale_is_plain_adamw():
+    from dblast_jax.train import tap_scaling
+    s, x, params, loss = _fc_problem()
+    mask = jax.tree.map(lambda a: a.ndim >= 2, params)
+    grad = jax.grad(lambda p: loss(p, x))
+    a, _ = _run(optax.adamw(1e-2, b1=0.9, b2=0.95, weight_decay=0.1, mask=mask), params, grad)
+    b, state = _run(tap_scaling.adamw_with_fc_row_scale(1e-2, b1=0.9, b2=0.95, weight_decay=0.1,
+                                                        mask=mask), params, grad)
+    jax.tree.map(lambda u, v: np.testing.assert_allclose(u, v, rtol=1e-6, atol=1e-7), a, b)
+    np.testing.assert_array_equal(tap_scaling.row_scale_of(state), np.ones((12, 1)))
+    assert tap_scaling.row_scale_of(optax.adamw(1e-2).init(params)) is None
+    with pytest.raises(ValueError, match="tap_rms_scaling is off"):
+        tap_scaling.with_row_scale(optax.adamw(1e-2).init(params), np.ones((12, 1)))
+
+
+def test_row_scaled_adamw_is_adamw_on_standardised_inputs():
+    """The claim of tap_scaling.py: rows of W scaled by 1 / s at init and in every Adam
+    step is Adam on W' = diag(s) W fed x / s, step for step (weight decay included)."""
+    from dblast_jax.train import tap_scaling
+    s, x, params, loss = _fc_problem()
+    d = 1.0 / s[:, None]
+    mask = jax.tree.map(lambda a: a.ndim >= 2, params)
+    kw = dict(b1=0.9, b2=0.95, weight_decay=0.1, mask=mask)
+    ref, _ = _run(optax.adamw(3e-2, **kw), params, jax.grad(lambda p: loss(p, x * d.T)))
+    tx = tap_scaling.adamw_with_fc_row_scale(3e-2, **kw)
+    start = {**params, "fc": {"kernel": params["fc"]["kernel"] * d}}
+    state = tap_scaling.with_row_scale(tx.init(start), jnp.asarray(d))
+    grad = jax.grad(lambda p: loss(p, x))
+    p = start
+    for _ in range(5):
+        updates, state = tx.update(grad(p), state, p)
+        p = optax.apply_updates(p, updates)
+    np.testing.assert_allclose(np.asarray(p["fc"]["kernel"]) / d, ref["fc"]["kernel"],
+                               rtol=2e-4, atol=2e-6)
+    np.testing.assert_allclose(p["norm"]["scale"], ref["norm"]["scale"], rtol=1e-5)
+    # the plain optimizer on the raw inputs is a different run (the test can tell them apart)
+    raw, _ = _run(optax.adamw(3e-2, **kw), start, grad)
+    assert not np.allclose(np.asarray(raw["fc"]["kernel"]) / d, ref["fc"]["kernel"], rtol=1e-2)
+
+
+def test_tap_rms_scaling_trains_resumes_and_matches_the_cache(corpus, tmp_path):  # noqa: F811
+    from dblast_jax.models import target as target_lib
+    from dblast_jax.train import tap_scaling
+    from conftest import tiny_target
+    tcfg, tparams, _ = tiny_target()
+    more = ("tap_rms_scaling=true", "num_steps=4", "checkpoint_every=2")
+    cfg = _cfg(corpus, *more)
+    trainer = TR.Trainer(cfg, str(tmp_path / "live"), target=tiny_target(), progress=False,
+                         log=lambda s: None)
+    dcfg = trainer.drafter_config
+    # the scale: 1 / RMS of the first batch_size records' taps, computed here directly
+    src = trainer.batcher.source
+    recs = [src[i] for i in range(cfg.batch_size)]
+    from dblast_jax.data import records as records_lib
+    batch = records_lib.collate(recs, cfg.seq_len, with_logp=False)
+    taps = np.asarray(target_lib.forward(tparams, jnp.asarray(batch["tokens"]), config=tcfg,
+                                         tap_layers=dcfg.target_layer_ids)[1])
+    valid = np.arange(cfg.seq_len)[None] < batch["lengths"][:, None]
+    want = tap_scaling.fc_row_scale(tap_scaling.channel_rms(taps, valid))
+    got = np.asarray(tap_scaling.row_scale_of(jax.device_get(trainer.state.opt_state)))
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert not np.allclose(got, 1.0)
+    # fc starts at its usual initialisation divided by the RMS, row by row
+    plain = TR.Trainer(_cfg(corpus, "num_steps=4"), str(tmp_path / "plain"),
+                       target=tiny_target(), progress=False, log=lambda s: None)
+    np.testing.assert_allclose(np.asarray(trainer.state.params["fc"]["kernel"]),
+                               np.asarray(plain.state.params["fc"]["kernel"]) * want, rtol=1e-5)
+    plain.close()
+    result = trainer.run(stop_at=2)
+    trainer.close()
+    # resumed from step 2: the scale comes back with the optimizer state
+    again = TR.Trainer(cfg, str(tmp_path / "live"), target=tiny_target(), progress=False,
+                       log=lambda s: None)
+    assert again.start_step == 2
+    np.testing.assert_array_equal(
+        np.asarray(tap_scaling.row_scale_of(jax.device_get(again.state.opt_state))), got)
+    rest = again.run()
+    again.close()
+    live = result.history + rest.history
+    assert all(np.isfinite(h["loss"]) for h in live)
+    # the feature-cache path reads the same taps: the same scale and the same run
+    cached = _train(_cfg(corpus, *more, f"feature_cache={tmp_path / 'fc'}"), tmp_path / "cached")
+    for a, b in zip(live, cached.history):
+        np.testing.assert_allclose(b["loss"], a["loss"], rtol=1e-4)

@@ -74,6 +74,10 @@ class TrainConfig:
     # (workdir, export folder or pretrained:NAME; e.g. a K = 1 run to start K = 4 from)
     # (train/warm_start.py)
     drafter_init: str = "random"
+    # True: fc trains as on taps divided by their per-channel RMS (measured on the first
+    # training records): its rows start at init / RMS and learn at lr / RMS, an optimizer
+    # preconditioner, so the trained fc is a plain DFlash fc (train/tap_scaling.py)
+    tap_rms_scaling: bool = False
 
     # ---- optimisation
     learning_rate: float = 6e-4

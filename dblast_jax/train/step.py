@@ -19,6 +19,7 @@ from dblast_jax.models import drafter as drafter_lib
 from dblast_jax.models import target as target_lib
 from dblast_jax.train.config import TrainConfig
 from dblast_jax.train.objective import loss_terms
+from dblast_jax.train import tap_scaling
 
 Array = jax.Array
 Params = dict[str, Any]
@@ -64,13 +65,19 @@ def _decay_mask(params: Params) -> Params:
 
 
 def make_optimizer(config: TrainConfig) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """Global-norm clipping then AdamW (weight decay on matrices only)."""
+    """Global-norm clipping then AdamW (weight decay on matrices only); with
+    tap_rms_scaling, fc's rows' Adam steps are scaled by the optimizer state's row scale."""
     schedule = lr_schedule(config)
     parts = []
     if config.grad_clip > 0:
         parts.append(optax.clip_by_global_norm(config.grad_clip))
-    parts.append(optax.adamw(schedule, b1=config.adam_b1, b2=config.adam_b2,
-                             weight_decay=config.weight_decay, mask=_decay_mask))
+    if config.tap_rms_scaling:  # fc's rows preconditioned by the taps' RMS (tap_scaling.py)
+        parts.append(tap_scaling.adamw_with_fc_row_scale(
+            schedule, b1=config.adam_b1, b2=config.adam_b2,
+            weight_decay=config.weight_decay, mask=_decay_mask))
+    else:
+        parts.append(optax.adamw(schedule, b1=config.adam_b1, b2=config.adam_b2,
+                                 weight_decay=config.weight_decay, mask=_decay_mask))
     return optax.chain(*parts), schedule
 
 

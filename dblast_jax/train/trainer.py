@@ -45,10 +45,12 @@ from dblast_jax.config import DrafterConfig, TargetConfig
 from dblast_jax.dtypes import dtype_from_name
 from dblast_jax.generation import load_target
 from dblast_jax.models import drafter as drafter_lib
+from dblast_jax.models import target as target_lib
 from dblast_jax.data import pipeline as pipeline_lib
 from dblast_jax.data import records as records_lib
 from dblast_jax.train import feature_cache as fc
 from dblast_jax.train import metric_writers
+from dblast_jax.train import tap_scaling
 from dblast_jax.train import validation as validation_lib
 from dblast_jax.train import warm_start
 from dblast_jax.train.checkpoint import (Checkpointer, check_workdir, experiment_identity,
@@ -338,12 +340,51 @@ class Trainer:
                 source, self.target_config, cfg.target, log=self.log)
             host = warm_start.warm_start_from_drafter(host, self.drafter_config, src_params,
                                                       src_config)
+        row_scale = None
+        if cfg.tap_rms_scaling:
+            row_scale = tap_scaling.fc_row_scale(self._tap_rms())
+            if cfg.drafter_init == "random":  # W = W' / s with W' at its usual init
+                kernel = np.asarray(host["fc"]["kernel"], np.float32) * row_scale
+                host = {**host, "fc": {**host["fc"], "kernel": jnp.asarray(
+                    kernel.astype(np.dtype(jnp.dtype(self.dtype))))}}
         put = sharding_lib.host_value_to_global
         params = jax.tree.map(put, host, self.state_sh.params)
         opt_state = jax.jit(self.tx.init, out_shardings=self.state_sh.opt_state)(params)
+        if row_scale is not None:  # kept in the optimizer state: resumes carry it
+            opt_state = tap_scaling.with_row_scale(
+                opt_state, put(row_scale, tap_scaling.row_scale_of(self.state_sh.opt_state)))
         return TrainState(step=put(np.int32(0), self.state_sh.step), params=params,
                           opt_state=opt_state,
                           rng=put(np.asarray(jax.random.PRNGKey(cfg.seed)), self.state_sh.rng))
+
+    def _tap_rms(self) -> np.ndarray:
+        """Per-channel RMS of fc's inputs (the target's taps) over the valid positions of
+        the first batch_size records of the training data (tap_rms_scaling)."""
+        cfg, tcfg, dcfg = self.config, self.target_config, self.drafter_config
+        source = getattr(self.batcher, "source", None)
+        if source is None or not hasattr(source, "__getitem__"):
+            raise ValueError("tap_rms_scaling measures the taps on the first training records "
+                             "and needs random-access training data (a corpus folder, "
+                             ".jsonl, a list of records or 'synthetic'), not an iterator")
+        n = min(len(source), cfg.batch_size)
+        batch = records_lib.collate([source[i] for i in range(n)], cfg.seq_len,
+                                    with_logp=False)
+        valid = np.arange(cfg.seq_len)[None, :] < batch["lengths"][:, None]
+        if "taps" in batch:  # read from the feature cache
+            taps = batch["taps"]
+        else:
+            rep = sharding_lib.replicated(self.mesh)
+            forward = jax.jit(lambda p, t: target_lib.forward(
+                p, t, config=tcfg, tap_layers=dcfg.target_layer_ids)[1], out_shardings=rep)
+            tokens = sharding_lib.host_value_to_global(batch["tokens"], rep)
+            taps = np.asarray(forward(self.tparams, tokens).addressable_data(0))
+        rms = tap_scaling.channel_rms(taps, valid)
+        per_tap = rms.reshape(len(dcfg.target_layer_ids), -1)
+        self.log("tap_rms_scaling: fc input RMS on %d positions, per tap (layer: median / max) "
+                 % int(valid.sum()) + ", ".join(
+                     f"{layer}: {np.median(r):.3g} / {r.max():.3g}"
+                     for layer, r in zip(dcfg.target_layer_ids, per_tap)))
+        return rms
 
     def _abstract_state(self) -> dict[str, Any]:
         abstract = drafter_lib.abstract_drafter_params(self.drafter_config, self.target_config,

@@ -39,8 +39,9 @@ CURVE = "budget_curve.jsonl"
 
 
 def read_curve(workdir: str) -> list[dict]:
-    """Rows of a curve; a torn last line (a kill mid-write) is dropped."""
-    path = os.path.join(workdir, CURVE)
+    """Rows of a curve (a workdir's, or a .jsonl copy of one, e.g. the raw points kept in
+    experiments/budget/results/); a torn last line (a kill mid-write) is dropped."""
+    path = workdir if workdir.endswith(".jsonl") else os.path.join(workdir, CURVE)
     if not os.path.exists(path):
         return []
     rows = []
@@ -119,9 +120,9 @@ def plot_curves() -> None:
         name, _, folder = spec.rpartition("=")
         rows = read_curve(folder)
         if not rows:
-            raise ValueError(f"--plot {spec}: {folder} holds no {CURVE} (train it first "
-                             "with --workdir)")
-        name = name or os.path.basename(folder.rstrip("/"))
+            raise ValueError(f"--plot {spec}: {folder} holds no {CURVE} rows (train it "
+                             "first with --workdir)")
+        name = name or os.path.basename(folder.rstrip("/")).removesuffix(".jsonl")
         x = [r["cpu_s"] for r in rows]
         line, = axes[0].plot(x, [r["al_estimate"] for r in rows], marker=".", label=name)
         mixture = [r.get("al_estimate_mixture", r["al_estimate"]) for r in rows]
