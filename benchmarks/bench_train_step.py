@@ -1,13 +1,18 @@
-"""Drafter training step: live frozen-target pass vs cached target features.
+"""Drafter training step: two settings of one experiment stepped side by side.
 
-Same experiment, same corpus snapshot, same batches; one Trainer reads the taps from a
-feature cache (TrainConfig.feature_cache), the other runs the target every step. The
-two are stepped in alternating rounds in one process, so machine noise hits both, and
-the ratio of their median step times is reported with the one-off cost of building
-the cache.
+`--pair live-vs-cached` (the default): one Trainer reads the taps from a feature cache
+(TrainConfig.feature_cache), the other runs the target every step (both without
+distillation, as measured in BENCHMARKS.md). `--pair no-distill-vs-distill`: both read a
+feature cache, one trains without distillation, the other with distill_weight=1 (its cache
+also holds the teacher's top-k). The two Trainers are stepped in alternating rounds in one
+process, so machine noise hits both, and the ratio of their median step times is reported
+with the one-off cost of building the second one's cache.
 
     python benchmarks/bench_train_step.py --experiments smollm2_dflash_baseline \
         smollm2_dblast_k4_al --rounds 3 --steps-per-round 4
+    python benchmarks/bench_train_step.py --pair no-distill-vs-distill --layers 1 \
+        --taps 1,7,14,20,27 --anchors 16 --experiments smollm2_dflash_baseline \
+        --out benchmarks/results_train_step_distill.json
 """
 
 from __future__ import annotations
@@ -24,40 +29,53 @@ from dblast_jax.train import get_experiment
 from dblast_jax.train.trainer import Trainer
 
 
+def _pair_overrides(pair: str, root: str) -> tuple[tuple[str, list[str]], tuple[str, list[str]]]:
+    """(name, overrides) of the two Trainers of a pair; the second one's cache is timed."""
+    if pair == "live-vs-cached":
+        off = ["distill_weight=0"]
+        return (("live", off), ("cached", off + [f"feature_cache={root}/features"]))
+    return (("no_distill", ["distill_weight=0", f"feature_cache={root}/features_plain"]),
+            ("distill", ["distill_weight=1.0", f"feature_cache={root}/features_teacher"]))
+
+
 def measure(experiment: str, args, target) -> dict:
     common = [f"data={args.data}", f"data_shards={args.data_shards}",
               f"batch_size={args.batch_size}", f"seq_len={args.seq_len}",
               f"anchors_per_sequence={args.anchors}", f"drafter_layers={args.layers}",
               "num_steps=100000", "checkpoint_every=100000", "log_every=1", "export=false"]
+    if args.taps:
+        common.append(f"target_layer_ids={args.taps}")
     root = tempfile.mkdtemp(prefix="bench_train_")
-    cache_dir = os.path.join(root, "features")
+    (a, a_over), (b, b_over) = _pair_overrides(args.pair, root)
     trainers = {}
     t0 = time.perf_counter()
-    trainers["live"] = Trainer(get_experiment(experiment, common), os.path.join(root, "live"),
-                               target=target, progress=False, log=lambda s: None)
+    trainers[a] = Trainer(get_experiment(experiment, common + a_over), os.path.join(root, a),
+                          target=target, progress=False, log=lambda s: None)
     t1 = time.perf_counter()
-    trainers["cached"] = Trainer(get_experiment(experiment, common + [
-        f"feature_cache={cache_dir}"]), os.path.join(root, "cached"), target=target,
-        progress=False, log=lambda s: None)
-    cache_build_s = (time.perf_counter() - t1) - (t1 - t0)  # minus the common setup
-    times = {"live": [], "cached": []}
-    done = {"live": 0, "cached": 0}
+    trainers[b] = Trainer(get_experiment(experiment, common + b_over), os.path.join(root, b),
+                          target=target, progress=False, log=lambda s: None)
+    setup = {a: t1 - t0, b: time.perf_counter() - t1}
+    # live-vs-cached: the cache is the only difference; otherwise both setups build one
+    cache_build_s = setup[b] - setup[a] if args.pair == "live-vs-cached" else setup[b]
+    times = {a: [], b: []}
+    done = {a: 0, b: 0}
     for name, tr in trainers.items():  # compile + one step each, not timed
         done[name] = tr.run(stop_at=1).step
     for r in range(args.rounds):
-        order = ("live", "cached") if r % 2 == 0 else ("cached", "live")
-        for name in order:
+        for name in ((a, b) if r % 2 == 0 else (b, a)):
             res = trainers[name].run(stop_at=done[name] + args.steps_per_round)
             done[name] = res.step
             times[name] += [h["step_time_s"] for h in res.history if "step_time_s" in h]
     for tr in trainers.values():
         tr.close()
-    sub = next(os.scandir(cache_dir)).path
-    live, cached = statistics.median(times["live"]), statistics.median(times["cached"])
-    return {"experiment": experiment, "live_s_per_step": live, "cached_s_per_step": cached,
-            "speedup": live / cached, "steps_timed": len(times["live"]),
-            "cache_build_s": cache_build_s,
-            "cache_mb": os.path.getsize(os.path.join(sub, "taps.npy")) / 2**20}
+    cache = b_over[-1].split("=", 1)[1]
+    sub = next(os.scandir(cache)).path
+    ta, tb = statistics.median(times[a]), statistics.median(times[b])
+    return {"experiment": experiment, f"{a}_s_per_step": ta, f"{b}_s_per_step": tb,
+            "speedup": ta / tb, "steps_timed": len(times[a]),
+            "cache_build_s": cache_build_s, "setup_s": setup,
+            "cache_mb": sum(os.path.getsize(e.path) for e in os.scandir(sub)
+                            if e.name.endswith(".npy")) / 2**20}
 
 
 def main() -> None:
@@ -71,6 +89,10 @@ def main() -> None:
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--anchors", type=int, default=24)
     p.add_argument("--layers", type=int, default=1)
+    p.add_argument("--taps", default="", help="target_layer_ids, e.g. 1,7,14,20,27 "
+                   "(default: the experiment's)")
+    p.add_argument("--pair", choices=("live-vs-cached", "no-distill-vs-distill"),
+                   default="live-vs-cached")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps-per-round", type=int, default=4,
                    help=">= 2: a round's first step is not timed (the trainer logs it as "
@@ -81,10 +103,11 @@ def main() -> None:
         p.error("--steps-per-round must be >= 2")
     target = load_target(args.target)
     rows = [measure(e, args, target) for e in args.experiments]
-    print("| experiment | live s/step | cached s/step | speedup | cache build s | cache MB |")
+    (a, _), (b, _) = _pair_overrides(args.pair, "")
+    print(f"| experiment | {a} s/step | {b} s/step | ratio | {b} cache build s | cache MB |")
     print("|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['experiment']} | {r['live_s_per_step']:.2f} | {r['cached_s_per_step']:.2f}"
+        print(f"| {r['experiment']} | {r[a + '_s_per_step']:.2f} | {r[b + '_s_per_step']:.2f}"
               f" | {r['speedup']:.2f}x | {r['cache_build_s']:.0f} | {r['cache_mb']:.0f} |")
     with open(args.out, "w") as f:
         json.dump({"settings": vars(args), "rows": rows}, f, indent=1)

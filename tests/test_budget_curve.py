@@ -43,4 +43,4 @@ def test_curve_in_segments_resumes_and_plots(tmp_path):
     # the raw points kept in the repository (a .jsonl copy of a curve) plot the same way
     kept = tmp_path / "kept.jsonl"
     kept.write_text((wd / "budget_curve.jsonl").read_text())
-    _run(f"--plot=tiny={wd},{kept}", f"--out={png}")
+    _run(f"--plot=tiny={wd},{kept}", f"--out={png}", "--plot_x=step")

@@ -34,6 +34,9 @@ flags.DEFINE_string("validation_shards", "68:72", "held-out shard range A:B")
 flags.DEFINE_integer("validation_batches", 16, "held-out batches (fixed anchors)")
 flags.DEFINE_list("plot", [], "workdirs to plot instead of training (NAME=DIR or DIR)")
 flags.DEFINE_string("out", "budget_curve.png", "plot file (with --plot)")
+flags.DEFINE_enum("plot_x", "cpu_s", ["cpu_s", "step"], "x-axis of --plot: training "
+                  "CPU-seconds (the yardstick) or optimizer steps (curves from machines or "
+                  "sessions whose CPU-seconds differ)")
 
 CURVE = "budget_curve.jsonl"
 
@@ -123,7 +126,7 @@ def plot_curves() -> None:
             raise ValueError(f"--plot {spec}: {folder} holds no {CURVE} rows (train it "
                              "first with --workdir)")
         name = name or os.path.basename(folder.rstrip("/")).removesuffix(".jsonl")
-        x = [r["cpu_s"] for r in rows]
+        x = [r[FLAGS.plot_x] for r in rows]
         line, = axes[0].plot(x, [r["al_estimate"] for r in rows], marker=".", label=name)
         mixture = [r.get("al_estimate_mixture", r["al_estimate"]) for r in rows]
         if any(abs(m - r["al_estimate"]) > 1e-6 for m, r in zip(mixture, rows)):  # K > 1
@@ -134,7 +137,7 @@ def plot_curves() -> None:
                        "(solid: sampled-branch)")
     axes[1].set_ylabel("held-out top-1 agreement, first block slot")
     for ax in axes:
-        ax.set_xlabel("training CPU-seconds")
+        ax.set_xlabel("training CPU-seconds" if FLAGS.plot_x == "cpu_s" else "training steps")
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
