@@ -7,15 +7,8 @@
 # Resumable: rerun after a kill. Workdirs and logs land in runs/budget/.
 set -u
 cd "$(dirname "$0")/../.."
-mkdir -p runs/budget
-COMMON=(--segment_steps=50 --budget_cpu_s=1500 --max_steps=1000 --validation_batches=8
-  --override=data=corpora/smollm2_t1 --override=data_shards=68 --override=batch_size=8
-  --override=seq_len=256 --override=anchors_per_sequence=16 --override=learning_rate=1e-3
-  --override=keep_checkpoints=2 --override=feature_cache=runs/budget/features
-  --override=target_layer_ids=1,7,14,20,27)
-run() { name=$1; shift
-  nice -n 10 python experiments/budget/budget_curve.py --workdir=runs/budget/$name "${COMMON[@]}" "$@" \
-    > runs/budget/$name.log 2>&1; }
+source experiments/budget/recipe.sh
+run() { run_budget "$@" --override=target_layer_ids=1,7,14,20,27; }
 run taps5 --override=drafter_layers=1 &
 # the second run shares the first's feature cache: start it once the first is training
 until [ -s runs/budget/taps5/budget_curve.jsonl ]; do sleep 20; done

@@ -11,15 +11,8 @@ set -u
 cd "$(dirname "$0")/../.."
 STEPS=${STEPS:-300}
 LR=${LR:-5e-4}
-mkdir -p runs/budget
-COMMON=(--segment_steps=50 --budget_cpu_s=100000 --max_steps=$STEPS --validation_batches=8
-  --override=data=corpora/smollm2_t1 --override=data_shards=68 --override=batch_size=8
-  --override=seq_len=256 --override=anchors_per_sequence=16 --override=learning_rate=$LR
-  --override=keep_checkpoints=2 --override=feature_cache=runs/budget/features
-  --override=target_layer_ids=1,7,14,20,27 --override=drafter_layers=1
-  --override=drafter_init=drafter:runs/budget/taps5)
-run() { name=$1; shift
-  nice -n 10 python experiments/budget/budget_curve.py --workdir=runs/budget/$name "${COMMON[@]}" "$@" \
-    >> runs/budget/$name.log 2>&1; }
+BUDGET_CPU_S=100000
+source experiments/budget/recipe.sh
+run() { run_budget "$@" "${TAPS5[@]}" --override=drafter_init=drafter:runs/budget/taps5; }
 run k1al_from_taps5 --experiment=smollm2_k1_al
 run k4al_from_taps5 --experiment=smollm2_dblast_k4_al
