@@ -53,7 +53,8 @@ def test_cache_holds_the_target_taps(corpus, tmp_path):
     rec = _source(corpus)[5]["tokens"][:SEQ]
     tokens = np.pad(rec, (0, SEQ - len(rec)))[None]
     taps, _ = TR.target_features(tparams, tokens, drafter_config=dcfg, target_config=tcfg)
-    np.testing.assert_allclose(cache.taps(5), np.asarray(taps[0]), rtol=1e-5, atol=1e-6)
+    # the cache ran batches of 8, this a batch of 1: other kernels, float32 rounding apart
+    np.testing.assert_allclose(cache.taps(5), np.asarray(taps[0]), rtol=1e-5, atol=1e-5)
     assert len(cache) == 37 and cache.taps(0).shape == (SEQ, 1, tcfg.hidden_size)
 
 

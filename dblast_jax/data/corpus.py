@@ -38,6 +38,7 @@ import hashlib
 import io
 import json
 import os
+import threading
 import zipfile
 from collections import OrderedDict
 from pathlib import Path
@@ -160,12 +161,20 @@ def _check_shard(arrays: Mapping[str, np.ndarray], where: str) -> None:
             raise ValueError(f"{where}: array {k!r} has shape {v.shape}, expected ({want},)")
 
 
+# np.load parses each array's header with ast.literal_eval, which CPython 3.11 does not
+# make thread-safe ("SystemError: AST constructor recursion depth mismatch" when grain's
+# reader threads load two shards at once): shard loads take turns (each shard is read once
+# and cached, so this costs nothing measurable).
+_NPZ_LOAD_LOCK = threading.Lock()
+
+
 def read_shard(path: AnyPath, data: Optional[bytes] = None) -> dict[str, np.ndarray]:
     """The arrays of one shard file; `data`: its bytes, already read (an object-store
     shard is always read whole: `np.load` needs a seekable file)."""
     if data is None and not _paths.is_local(os.fspath(path)):
         data = _paths.read_bytes(os.fspath(path))
-    with np.load(io.BytesIO(data) if data is not None else path, allow_pickle=False) as z:
+    with _NPZ_LOAD_LOCK, np.load(io.BytesIO(data) if data is not None else path,
+                                 allow_pickle=False) as z:
         arrays = {k: z[k] for k in z.files}
     _check_shard(arrays, str(path))
     return arrays
