@@ -357,6 +357,10 @@ def test_tap_rms_scaling_trains_resumes_and_matches_the_cache(corpus, tmp_path):
         np.asarray(tap_scaling.row_scale_of(jax.device_get(again.state.opt_state))), got)
     rest = again.run()
     again.close()
+    # the other optimizer (no row scale) cannot resume this workdir: refused, naming it
+    with pytest.raises(ValueError, match="tap_rms_scaling"):
+        TR.Trainer(_cfg(corpus, "num_steps=4", "checkpoint_every=2"), str(tmp_path / "live"),
+                   target=tiny_target(), progress=False, log=lambda s: None)
     live = result.history + rest.history
     assert all(np.isfinite(h["loss"]) for h in live)
     # the feature-cache path reads the same taps: the same scale and the same run

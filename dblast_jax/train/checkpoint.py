@@ -47,14 +47,20 @@ class ForeignCheckpointError(ValueError):
     """The workdir holds another experiment's checkpoints."""
 
 
-def experiment_identity(drafter_config, target_name: str, loss: str) -> dict[str, Any]:
+def experiment_identity(drafter_config, target_name: str, loss: str,
+                        tap_rms_scaling: bool = False) -> dict[str, Any]:
     """What must match for a checkpoint to be resumed: the drafter's shape (its params and
-    optimizer state), the target it reads features from, and the objective."""
+    optimizer state), the target it reads features from, and the objective.
+    tap_rms_scaling changes the optimizer state's structure; it is recorded only when on,
+    so workdirs of before keep their identity."""
     dc = dataclasses.asdict(drafter_config)
     dc = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dc.items()}
     dc.pop("name", None)  # a label, not a shape
-    return {"version": IDENTITY_VERSION, "drafter_config": dc, "target": str(target_name),
-            "loss": str(loss)}
+    out = {"version": IDENTITY_VERSION, "drafter_config": dc, "target": str(target_name),
+           "loss": str(loss)}
+    if tap_rms_scaling:
+        out["tap_rms_scaling"] = True
+    return out
 
 
 def _diff(a: Mapping, b: Mapping, prefix: str = "") -> list[str]:

@@ -194,7 +194,7 @@ class Trainer:
         drafter_lib.check_drafter_fits_target(dcfg, tcfg)
         self.target_config, self.drafter_config, self.target_name = tcfg, dcfg, tname
         # Every check (identity, mesh, data) runs before anything is written.
-        self.identity = experiment_identity(dcfg, tname, config.loss)
+        self.identity = experiment_identity(dcfg, tname, config.loss, config.tap_rms_scaling)
         self.workdir = paths.normalize(workdir)  # local: absolute; or gs://...
         check_workdir(self.workdir, self.identity)
         self.mesh = mesh if mesh is not None else sharding_lib.make_mesh(*config.mesh)
