@@ -4,7 +4,10 @@
 (TrainConfig.feature_cache), the other runs the target every step (both without
 distillation, as measured in BENCHMARKS.md). `--pair no-distill-vs-distill`: both read a
 feature cache, one trains without distillation, the other with distill_weight=1 (its cache
-also holds the teacher's top-k). The two Trainers are stepped in alternating rounds in one
+also holds the teacher's top-k). `--pair full-vs-sampled-head`: both distil from one
+feature cache (built by the first), the second normalises log q over the
+`--head-tokens` most frequent response tokens + `--head-sampled` sampled ones
+(TrainConfig.train_head_tokens, train/sampled_head.py). The two Trainers are stepped in alternating rounds in one
 process, so machine noise hits both, and the ratio of their median step times is reported
 with the one-off cost of building the second one's cache.
 
@@ -13,6 +16,9 @@ with the one-off cost of building the second one's cache.
     python benchmarks/bench_train_step.py --pair no-distill-vs-distill --layers 1 \
         --taps 1,7,14,20,27 --anchors 16 --experiments smollm2_dflash_baseline \
         --out benchmarks/results_train_step_distill.json
+    python benchmarks/bench_train_step.py --pair full-vs-sampled-head --layers 1 \
+        --taps 1,7,14,20,27 --anchors 16 --experiments smollm2_dflash_baseline \
+        --out benchmarks/results_train_step_sampled_head.json
 """
 
 from __future__ import annotations
@@ -29,8 +35,14 @@ from dblast_jax.train import get_experiment
 from dblast_jax.train.trainer import Trainer
 
 
-def _pair_overrides(pair: str, root: str) -> tuple[tuple[str, list[str]], tuple[str, list[str]]]:
-    """(name, overrides) of the two Trainers of a pair; the second one's cache is timed."""
+def _pair_overrides(pair: str, root: str, head: tuple[int, int] = (4096, 1024)
+                    ) -> tuple[tuple[str, list[str]], tuple[str, list[str]]]:
+    """(name, overrides) of the two Trainers of a pair; the second one's cache is timed
+    (the first one's for full-vs-sampled-head, where they share it)."""
+    if pair == "full-vs-sampled-head":
+        both = ["distill_weight=1.0", f"feature_cache={root}/features_teacher"]
+        return (("full_head", both), ("sampled_head", both + [
+            f"train_head_tokens={head[0]}", f"train_head_sampled={head[1]}"]))
     if pair == "live-vs-cached":
         off = ["distill_weight=0"]
         return (("live", off), ("cached", off + [f"feature_cache={root}/features"]))
@@ -46,7 +58,8 @@ def measure(experiment: str, args, target) -> dict:
     if args.taps:
         common.append(f"target_layer_ids={args.taps}")
     root = tempfile.mkdtemp(prefix="bench_train_")
-    (a, a_over), (b, b_over) = _pair_overrides(args.pair, root)
+    (a, a_over), (b, b_over) = _pair_overrides(args.pair, root,
+                                               (args.head_tokens, args.head_sampled))
     trainers = {}
     t0 = time.perf_counter()
     trainers[a] = Trainer(get_experiment(experiment, common + a_over), os.path.join(root, a),
@@ -56,7 +69,8 @@ def measure(experiment: str, args, target) -> dict:
                           target=target, progress=False, log=lambda s: None)
     setup = {a: t1 - t0, b: time.perf_counter() - t1}
     # live-vs-cached: the cache is the only difference; otherwise both setups build one
-    cache_build_s = setup[b] - setup[a] if args.pair == "live-vs-cached" else setup[b]
+    cache_build_s = {"live-vs-cached": setup[b] - setup[a],
+                     "full-vs-sampled-head": setup[a]}.get(args.pair, setup[b])
     times = {a: [], b: []}
     done = {a: 0, b: 0}
     for name, tr in trainers.items():  # compile + one step each, not timed
@@ -68,7 +82,7 @@ def measure(experiment: str, args, target) -> dict:
             times[name] += [h["step_time_s"] for h in res.history if "step_time_s" in h]
     for tr in trainers.values():
         tr.close()
-    cache = b_over[-1].split("=", 1)[1]
+    cache = next(o for o in b_over if o.startswith("feature_cache=")).split("=", 1)[1]
     sub = next(os.scandir(cache)).path
     ta, tb = statistics.median(times[a]), statistics.median(times[b])
     return {"experiment": experiment, f"{a}_s_per_step": ta, f"{b}_s_per_step": tb,
@@ -91,8 +105,12 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=1)
     p.add_argument("--taps", default="", help="target_layer_ids, e.g. 1,7,14,20,27 "
                    "(default: the experiment's)")
-    p.add_argument("--pair", choices=("live-vs-cached", "no-distill-vs-distill"),
-                   default="live-vs-cached")
+    p.add_argument("--pair", choices=("live-vs-cached", "no-distill-vs-distill",
+                                      "full-vs-sampled-head"), default="live-vs-cached")
+    p.add_argument("--head-tokens", type=int, default=4096,
+                   help="full-vs-sampled-head: train_head_tokens of the second")
+    p.add_argument("--head-sampled", type=int, default=1024,
+                   help="full-vs-sampled-head: train_head_sampled of the second")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps-per-round", type=int, default=4,
                    help=">= 2: a round's first step is not timed (the trainer logs it as "

@@ -38,7 +38,8 @@ from jax import lax
 
 Array = jax.Array
 
-__all__ = ["TeacherTopK", "TokenLogprobs", "teacher_topk", "token_logprobs", "token_logprobs_naive"]
+__all__ = ["TeacherTopK", "TokenLogprobs", "by_row_blocks", "teacher_topk", "token_logprobs",
+           "token_logprobs_naive"]
 
 _LAYOUTS = ("vh", "hv")
 
@@ -154,6 +155,23 @@ def _rows(h: Array, w: Array, t: Array, head_layout: str, temperature, chunk: in
     return tgt - lse, best_idx, entropy
 
 
+def by_row_blocks(run, h: Array, t: Array, row_chunk_size: Optional[int]) -> tuple:
+    """run(h [r, H], t [r]) -> tuple of [r] arrays, applied to blocks of `row_chunk_size`
+    rows (lax.map; the last block padded, its padding dropped) or to all rows at once."""
+    n = h.shape[0]
+    if row_chunk_size is None or n <= int(row_chunk_size):
+        return run(h, t)
+    r = int(row_chunk_size)
+    if r < 1:
+        raise ValueError(f"row_chunk_size must be >= 1, got {row_chunk_size}")
+    blocks = math.ceil(n / r)
+    pad = blocks * r - n
+    hp = jnp.pad(h, ((0, pad), (0, 0))).reshape(blocks, r, h.shape[-1])
+    tp = jnp.pad(t, (0, pad)).reshape(blocks, r)
+    outs = lax.map(lambda args: run(*args), (hp, tp))
+    return tuple(o.reshape(-1)[:n] for o in outs)
+
+
 def token_logprobs(hidden: Array, head_weight: Array, head_layout: str, targets: Array,
                    temperature=1.0, chunk_size: int = 8192, *, with_entropy: bool = False,
                    row_chunk_size: Optional[int] = None) -> TokenLogprobs:
@@ -180,21 +198,11 @@ def token_logprobs(hidden: Array, head_weight: Array, head_layout: str, targets:
         return _rows(h_rows, head_weight, t_rows, head_layout, temperature, chunk, vocab,
                      with_entropy, dtype)
 
-    if row_chunk_size is not None and n > int(row_chunk_size):
-        r = int(row_chunk_size)
-        if r < 1:
-            raise ValueError(f"row_chunk_size must be >= 1, got {row_chunk_size}")
-        blocks = math.ceil(n / r)
-        pad = blocks * r - n
-        hp = jnp.pad(h, ((0, pad), (0, 0))).reshape(blocks, r, h.shape[-1])
-        tp = jnp.pad(t, (0, pad)).reshape(blocks, r)
-        outs = lax.map(lambda args: run(*args), (hp, tp))
-        logprob, argmax, entropy = (o.reshape(-1)[:n] for o in outs)
-    elif n == 0:
+    if n == 0:
         logprob, argmax, entropy = (jnp.zeros((0,), dtype), jnp.zeros((0,), jnp.int32),
                                     jnp.zeros((0,), dtype))
     else:
-        logprob, argmax, entropy = run(h, t)
+        logprob, argmax, entropy = by_row_blocks(run, h, t, row_chunk_size)
     return TokenLogprobs(logprob.reshape(lead), argmax.reshape(lead),
                          entropy.reshape(lead) if with_entropy else None)
 

@@ -49,7 +49,8 @@ def test_flat_train_config_json_loads_as_the_nested_config():
     nested["drafter"] = {"num_layers": 1, "block_size": 8, "num_categories": 1,
                          "target_layer_ids": [1, 7, 14, 20, 27], "mask_token_id": 16,
                          "expander_width": None, "intermediate_size": None}
-    nested["tap_rms_scaling"] = False  # a field added since: absent -> its default
+    # fields added since: absent -> their defaults
+    nested.update(tap_rms_scaling=False, train_head_tokens=0, train_head_sampled=1024)
     new = TC.TrainConfig.from_dict(nested)
     assert old == new and hash(old) == hash(new)
     assert json.loads(old.to_json()) == json.loads(json.dumps(nested, sort_keys=True))

@@ -78,6 +78,12 @@ class TrainConfig:
     # training records): its rows start at init / RMS and learn at lr / RMS, an optimizer
     # preconditioner, so the trained fc is a plain DFlash fc (train/tap_scaling.py)
     tap_rms_scaling: bool = False
+    # > 0: the training loss normalises each log q over the train_head_tokens most frequent
+    # response tokens of the data plus train_head_sampled ids drawn from the rest at every
+    # step (importance-weighted, train/sampled_head.py): a fraction of the 49k-way head's
+    # FLOPs. The drafter is unchanged: validation, sampling and export use the full head.
+    train_head_tokens: int = 0
+    train_head_sampled: int = 1024
 
     # ---- optimisation
     learning_rate: float = 6e-4
@@ -165,6 +171,9 @@ class TrainConfig:
                 self.drafter_init.startswith("drafter:") and len(self.drafter_init) > 8):
             problems.append(f"drafter_init {self.drafter_init!r} is not one of "
                             "('random', 'target', 'drafter:SPEC')")
+        for field in ("train_head_tokens", "train_head_sampled"):
+            if getattr(self, field) < 0:
+                problems.append(f"{field} must be >= 0, got {getattr(self, field)}")
         if self.distill_topk < 1:
             problems.append(f"distill_topk must be >= 1, got {self.distill_topk}")
         if self.verify_temperature <= 0:

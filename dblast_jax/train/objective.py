@@ -26,6 +26,7 @@ from dblast_jax.config import DrafterConfig, TargetConfig
 from dblast_jax.models import drafter as drafter_lib
 from dblast_jax.models import target as target_lib
 from dblast_jax.train import distill
+from dblast_jax.train.sampled_head import sampled_token_logprobs
 from dblast_jax.train.config import TrainConfig
 
 Array = jax.Array
@@ -188,10 +189,12 @@ def mixture_conditional_logq(logq: Array, prior_logits: Array, mask: Array) -> A
 
 def loss_terms(dparams: Params, tparams: Params, batch: Mapping[str, Array], rng: Array,
                step: Array, *, config: TrainConfig, drafter_config: DrafterConfig,
-               target_config: TargetConfig, logp_mode: Optional[str]
-               ) -> tuple[Array, dict[str, Array]]:
+               target_config: TargetConfig, logp_mode: Optional[str],
+               head_ids: Optional[Array] = None) -> tuple[Array, dict[str, Array]]:
     """(loss, metrics) of one (micro-)batch. logp_mode: "data" (batch["logp"]), "target"
-    (from the frozen target at T_v), or None (no target log-probs: NLL losses only)."""
+    (from the frozen target at T_v), or None (no target log-probs: NLL losses only).
+    head_ids [F]: the frequent tokens of the sampled training head (config
+    train_head_tokens > 0; then log q and every metric built on it are estimates)."""
     cfg, dcfg, tcfg = config, drafter_config, target_config
     b = dcfg.block_size
     tokens = batch["tokens"]
@@ -234,9 +237,17 @@ def loss_terms(dparams: Params, tparams: Params, batch: Mapping[str, Array], rng
     k = dcfg.num_categories
     branch_labels = jnp.broadcast_to(labels[:, :, None, :], labels.shape[:2] + (k,)
                                      + labels.shape[2:])
-    tl = token_logprobs(branch_hidden, head, layout, branch_labels, 1.0,
-                        cfg.logits_chunk_size,
-                        row_chunk_size=cfg.logits_row_chunk_size or None)
+    if cfg.train_head_tokens > 0:  # normaliser from frequent + sampled columns
+        if head_ids is None or head_ids.shape[0] != cfg.train_head_tokens:
+            raise ValueError(f"train_head_tokens={cfg.train_head_tokens} needs that many "
+                             "frequent token ids (head_ids; the Trainer counts them)")
+        tl = sampled_token_logprobs(branch_hidden, head, layout, branch_labels, head_ids,
+                                    jax.random.fold_in(rng, 1), cfg.train_head_sampled,
+                                    row_chunk_size=cfg.logits_row_chunk_size or None)
+    else:
+        tl = token_logprobs(branch_hidden, head, layout, branch_labels, 1.0,
+                            cfg.logits_chunk_size,
+                            row_chunk_size=cfg.logits_row_chunk_size or None)
     logq = tl.logprob  # [B, A, K, P]
 
     # -- the objective

@@ -19,6 +19,7 @@ from dblast_jax.models import drafter as drafter_lib
 from dblast_jax.models import target as target_lib
 from dblast_jax.train.config import TrainConfig
 from dblast_jax.train.objective import loss_terms
+from dblast_jax.train.sampled_head import HashableIds
 from dblast_jax.train import tap_scaling
 
 Array = jax.Array
@@ -26,7 +27,7 @@ Params = dict[str, Any]
 
 __all__ = ["TrainState", "COUNT_METRICS", "FINITE_KEY", "lr_schedule", "make_optimizer",
            "make_train_step", "compiled_train_step", "compiled_eval_step", "HashableShardings",
-           "step_cache_key", "step_memory_analysis"]
+           "eval_config", "step_cache_key", "step_memory_analysis"]
 
 COUNT_METRICS = ("valid_anchors", "tokens", "label_tokens")
 FINITE_KEY = "finite_step"  # per-step flag of the train step; not a logged metric
@@ -92,14 +93,17 @@ def _split_micro(batch: Mapping[str, Array], n: int) -> dict[str, Array]:
 
 
 def make_train_step(config: TrainConfig, drafter_config: DrafterConfig,
-                    target_config: TargetConfig, logp_mode: Optional[str]
+                    target_config: TargetConfig, logp_mode: Optional[str],
+                    head_ids: Optional[HashableIds] = None
                     ) -> Callable[[TrainState, Params, Mapping[str, Array]],
                                   tuple[TrainState, dict[str, Array]]]:
-    """The pure (un-jitted) step: (state, tparams, batch) -> (state, metrics)."""
+    """The pure (un-jitted) step: (state, tparams, batch) -> (state, metrics). head_ids:
+    the sampled training head's frequent tokens (config.train_head_tokens > 0)."""
     tx, schedule = make_optimizer(config)
     n_micro = config.grad_accum_steps
     fn = functools.partial(loss_terms, config=config, drafter_config=drafter_config,
-                           target_config=target_config, logp_mode=logp_mode)
+                           target_config=target_config, logp_mode=logp_mode,
+                           head_ids=None if head_ids is None else head_ids.array())
     grad_fn = jax.value_and_grad(fn, has_aux=True)
 
     def step_fn(state: TrainState, tparams: Params, batch: Mapping[str, Array]):
@@ -146,10 +150,11 @@ def make_train_step(config: TrainConfig, drafter_config: DrafterConfig,
 @functools.lru_cache(maxsize=32)
 def compiled_train_step(config: TrainConfig, drafter_config: DrafterConfig,
                         target_config: TargetConfig, logp_mode: Optional[str], mesh: Mesh,
-                        shardings: "HashableShardings"):
+                        shardings: "HashableShardings",
+                        head_ids: Optional[HashableIds] = None):
     """jit(step) with explicit in/out shardings (state, target params, batch); cached so
     repeated runs in one process (resume, tests) reuse the compiled executable."""
-    step_fn = make_train_step(config, drafter_config, target_config, logp_mode)
+    step_fn = make_train_step(config, drafter_config, target_config, logp_mode, head_ids)
     state_sh, tparams_sh, batch_sh = shardings.value
     return jax.jit(step_fn, in_shardings=(state_sh, tparams_sh, batch_sh),
                    out_shardings=(state_sh, sharding_lib.replicated(mesh)),
@@ -181,6 +186,12 @@ class HashableShardings:
 
     def __eq__(self, other):
         return isinstance(other, HashableShardings) and self._key == other._key
+
+
+def eval_config(config: TrainConfig) -> TrainConfig:
+    """The config a held-out score runs under: training-only approximations (the sampled
+    training head) off, so the score is the drafter's full-softmax acceptance."""
+    return config.replace(train_head_tokens=0)
 
 
 def step_cache_key(config: TrainConfig) -> TrainConfig:

@@ -50,6 +50,7 @@ from dblast_jax.data import pipeline as pipeline_lib
 from dblast_jax.data import records as records_lib
 from dblast_jax.train import feature_cache as fc
 from dblast_jax.train import metric_writers
+from dblast_jax.train import sampled_head
 from dblast_jax.train import tap_scaling
 from dblast_jax.train import validation as validation_lib
 from dblast_jax.train import warm_start
@@ -65,14 +66,15 @@ from dblast_jax.train.objective import (  # noqa: F401
     target_head, tau_at)
 from dblast_jax.train.step import (  # noqa: F401
     COUNT_METRICS, FINITE_KEY, HashableShardings, TrainState, compiled_eval_step,
-    compiled_train_step, lr_schedule, make_optimizer, make_train_step, step_cache_key,
-    step_memory_analysis)
+    compiled_train_step, eval_config, lr_schedule, make_optimizer, make_train_step,
+    step_cache_key, step_memory_analysis)
 
 _step_cache_key = step_cache_key  # the old private names, for existing imports
 _compiled_eval = compiled_eval_step
 
 Array = jax.Array
 Params = dict[str, Any]
+HEAD_TOKENS_FILE = "train_head_tokens.json"  # the sampled training head's frequent tokens
 
 __all__ = ["TrainState", "TrainResult", "make_optimizer", "lr_schedule", "loss_terms",
            "make_train_step", "target_features", "mixture_conditional_logq", "Trainer", "train",
@@ -192,6 +194,9 @@ class Trainer:
         tcfg, tparams, tname = resolve_target(target, config)
         dcfg = drafter_config or config.drafter_config(tcfg)
         drafter_lib.check_drafter_fits_target(dcfg, tcfg)
+        if config.train_head_tokens > 0:
+            sampled_head.check_sizes(config.train_head_tokens, config.train_head_sampled,
+                                     tcfg.vocab_size)
         self.target_config, self.drafter_config, self.target_name = tcfg, dcfg, tname
         # Every check (identity, mesh, data) runs before anything is written.
         self.identity = experiment_identity(dcfg, tname, config.loss, config.tap_rms_scaling)
@@ -226,6 +231,7 @@ class Trainer:
             self.tparams = jax.tree.map(sharding_lib.host_value_to_global, tparams,
                                         self.tparams_sh)
             self.skipped_steps = 0
+            self.head_ids = self._train_head_ids() if config.train_head_tokens > 0 else None
             self.state = self._init_or_restore()
             self.ckpt.write_train_config(record)
         except BaseException:
@@ -386,6 +392,32 @@ class Trainer:
                      for layer, r in zip(dcfg.target_layer_ids, per_tap)))
         return rms
 
+    def _train_head_ids(self) -> np.ndarray:
+        """The sampled training head's frequent tokens: read from the workdir when a run
+        of the same train_head_tokens wrote them (a resume keeps its head), else counted on
+        the training data's first records and written there."""
+        cfg = self.config
+        path = paths.join(self.workdir, HEAD_TOKENS_FILE)
+        if paths.exists(path):
+            try:
+                ids = np.asarray(json.loads(paths.read_text(path))["ids"], np.int32)
+            except (ValueError, KeyError, TypeError) as e:
+                raise ValueError(f"{path} is unreadable ({e}); delete it to count the "
+                                 "frequent tokens again") from e
+            if ids.shape == (cfg.train_head_tokens,):
+                return ids
+        source = getattr(self.batcher, "source", None)
+        source = getattr(source, "source", source)  # a feature cache's records, without taps
+        ids, stats = sampled_head.frequent_token_ids(source, self.target_config.vocab_size,
+                                                     cfg.train_head_tokens)
+        self.log(f"train_head_tokens: the {cfg.train_head_tokens} most frequent response "
+                 f"tokens of {stats['records']} records cover {100 * stats['coverage']:.1f}% "
+                 f"of their {stats['response_tokens']} response tokens; + "
+                 f"{cfg.train_head_sampled} sampled per step")
+        if jax.process_index() == 0:
+            paths.atomic_write_json(path, {"ids": ids.tolist(), **stats})
+        return ids
+
     def _abstract_state(self) -> dict[str, Any]:
         abstract = drafter_lib.abstract_drafter_params(self.drafter_config, self.target_config,
                                                        self.dtype)
@@ -534,8 +566,9 @@ class Trainer:
     def _step_fn(self, mode: Optional[str], batch: Mapping[str, Array]):
         batch_sh = {k: v.sharding for k, v in batch.items()}
         key = HashableShardings((self.state_sh, self.tparams_sh, batch_sh))
+        head = None if self.head_ids is None else sampled_head.HashableIds(self.head_ids)
         return compiled_train_step(step_cache_key(self.config), self.drafter_config,
-                                   self.target_config, mode, self.mesh, key)
+                                   self.target_config, mode, self.mesh, key, head)
 
     # -- the loop
     def run(self, stop_at: Optional[int] = None) -> TrainResult:
@@ -681,7 +714,7 @@ class Trainer:
         def run_batch(local, rng):
             mode = "data" if ("logp" in local and cfg.logp_source != "target") else "target"
             batch = self.global_batch(local, mode)
-            fn = compiled_eval_step(step_cache_key(cfg), self.drafter_config,
+            fn = compiled_eval_step(step_cache_key(eval_config(cfg)), self.drafter_config,
                                     self.target_config, mode, self.mesh)
             return fn(self.state.params, self.tparams, batch, rng, jnp.int32(step))
 
