@@ -44,3 +44,19 @@ def test_curve_in_segments_resumes_and_plots(tmp_path):
     kept = tmp_path / "kept.jsonl"
     kept.write_text((wd / "budget_curve.jsonl").read_text())
     _run(f"--plot=tiny={wd},{kept}", f"--out={png}", "--plot_x=step")
+
+
+def test_compare_at_equal_steps_and_equal_cpu(tmp_path):
+    rows = lambda pts: "\n".join(json.dumps({"step": s, "cpu_s": c, "al_estimate": a})
+                                 for s, c, a in pts) + "\n"
+    base, other = tmp_path / "base.jsonl", tmp_path / "other.jsonl"
+    base.write_text(rows([(0, 0, 0.0), (50, 100, 0.10), (100, 200, 0.20)]))
+    other.write_text(rows([(0, 0, 0.0), (50, 50, 0.08), (100, 100, 0.15), (150, 150, 0.3),
+                           (200, 300, 0.4)]))
+    out = _run(f"--compare=b={base},o={other}").stdout.splitlines()
+    assert out[0].startswith("| step | cpu_s | o | b at equal steps")
+    # step 50: base 0.10 at equal steps (-20%); at 50 CPU-s base is 0.05 (+60%)
+    assert out[2] == "| 50 | 50 | 0.080 | 0.100 | -20% | 0.050 | +60% |"
+    assert out[3] == "| 100 | 100 | 0.150 | 0.200 | -25% | 0.100 | +50% |"
+    assert out[4] == "| 150 | 150 | 0.300 |  |  | 0.150 | +100% |"
+    assert out[5] == "| 200 | 300 | 0.400 |  |  |  |  |"  # past base's last point

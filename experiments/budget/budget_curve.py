@@ -12,6 +12,10 @@ apart. Rows go to WORKDIR/budget_curve.jsonl; a killed run resumes from its chec
         --override=data=corpora/smollm2_t1 --override=data_shards=68 ...
     python experiments/budget/budget_curve.py --plot=runs/budget/baseline,runs/budget/distill \\
         --out=experiments/budget/curve.png
+    python experiments/budget/budget_curve.py --compare=runs/budget/baseline,runs/budget/distill
+
+--compare=BASE,OTHER prints OTHER's points beside BASE's at the same step and at the same
+training CPU-seconds (BASE linearly interpolated between its points; blank outside them).
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ flags.DEFINE_string("validation_shards", "68:72", "held-out shard range A:B")
 flags.DEFINE_integer("validation_batches", 16, "held-out batches (fixed anchors)")
 flags.DEFINE_list("plot", [], "workdirs to plot instead of training (NAME=DIR or DIR)")
 flags.DEFINE_string("out", "budget_curve.png", "plot file (with --plot)")
+flags.DEFINE_list("compare", [], "BASE,OTHER (workdirs or .jsonl, NAME=... allowed): a "
+                  "table of OTHER against BASE at equal steps and at equal CPU-seconds")
 flags.DEFINE_enum("plot_x", "cpu_s", ["cpu_s", "step"], "x-axis of --plot: training "
                   "CPU-seconds (the yardstick) or optimizer steps (curves from machines or "
                   "sessions whose CPU-seconds differ)")
@@ -145,9 +151,45 @@ def plot_curves() -> None:
     print(f"wrote {FLAGS.out}")
 
 
+def value_at(rows: list[dict], x: float, key: str = "al_estimate",
+             axis: str = "cpu_s") -> float | None:
+    """rows' `key` linearly interpolated at `axis` = x; None outside the rows' range."""
+    pts = sorted((r[axis], r[key]) for r in rows if key in r)
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if x0 <= x <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return pts[0][1] if pts and pts[0][0] == x else None
+
+
+def compare_curves() -> None:
+    if len(FLAGS.compare) != 2:
+        raise app.UsageError(f"--compare takes BASE,OTHER, got {FLAGS.compare}")
+    (base_name, base), (name, other) = (
+        (n or os.path.basename(f.rstrip("/")).removesuffix(".jsonl"), read_curve(f))
+        for n, _, f in (spec.rpartition("=") for spec in FLAGS.compare))
+    for n, rows in ((base_name, base), (name, other)):
+        if not rows:
+            raise ValueError(f"--compare: {n} holds no {CURVE} rows")
+    fmt = lambda v: "" if v is None else f"{v:.3f}"
+    gain = lambda a, b: "" if a is None or b is None or b <= 0 else f"{100 * (a / b - 1):+.0f}%"
+    print(f"| step | cpu_s | {name} | {base_name} at equal steps | gain | {base_name} at "
+          "equal CPU | gain |")
+    print("|---|---|---|---|---|---|---|")
+    for r in other:
+        if r["step"] == 0:
+            continue
+        same_step = next((b["al_estimate"] for b in base if b["step"] == r["step"]), None)
+        same_cpu = value_at(base, r["cpu_s"])
+        print(f"| {r['step']} | {r['cpu_s']:.0f} | {r['al_estimate']:.3f} | {fmt(same_step)} "
+              f"| {gain(r['al_estimate'], same_step)} | {fmt(same_cpu)} "
+              f"| {gain(r['al_estimate'], same_cpu)} |")
+
+
 def main(argv):
     del argv
-    if FLAGS.plot:
+    if FLAGS.compare:
+        compare_curves()
+    elif FLAGS.plot:
         plot_curves()
     elif not FLAGS.workdir:
         raise app.UsageError("--workdir is required (or --plot)")
