@@ -146,8 +146,25 @@ def test_validate_drafters_matches_the_trainer(validated_run):
                                                         got["run"]["per_batch"]["al_estimate"]]})
     table = V.validation_table({"a": got["run"], "b": half}, "a")
     assert "+0.0% ± 0.0%" in table and "-50.0% ±" in table
+    assert "mixture AL gain" not in table  # K = 1: the two estimates are equal
     with pytest.raises(ValueError, match="baseline"):
         V.validation_table(got, "nobody")
+
+
+def test_validation_table_pairs_the_mixture_estimates_when_k_exceeds_1():
+    k1 = {"al_estimate": 1.5, "al_estimate_mixture": 1.5,
+          "per_batch": {"al_estimate": [1.0, 2.0], "al_estimate_mixture": [1.0, 2.0]}}
+    k4 = {"al_estimate": 1.2, "al_estimate_mixture": 1.8,
+          "per_batch": {"al_estimate": [1.0, 1.4], "al_estimate_mixture": [1.2, 2.4]}}
+    table = V.validation_table({"k1": k1, "k4": k4}, "k1")
+    head, _, k1_row, k4_row = table.splitlines()
+    assert head.endswith("| AL gain vs k1 (paired SE) | mixture AL gain vs k1 (paired SE) |")
+    assert k1_row.endswith("| +0.0% ± 0.0% | +0.0% ± 0.0% |")
+    gain, se = V.paired_gain(k4, k1, "al_estimate_mixture")
+    assert gain == pytest.approx(20.0)  # 1.8 / 1.5
+    assert se == pytest.approx(100 * np.std([0.2, 0.4], ddof=1) / np.sqrt(2) / 1.5)
+    assert k4_row.endswith(f"| -20.0% ± {V.paired_gain(k4, k1)[1]:.1f}% | "
+                           f"+{gain:.1f}% ± {se:.1f}% |")
 
 
 def test_paired_gain_against_numpy():

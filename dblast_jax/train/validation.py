@@ -269,9 +269,17 @@ def read_validation(workdir: str) -> list[dict[str, Any]]:
 def validation_table(results: Mapping[str, Mapping[str, Any]],
                      baseline: Optional[str] = None) -> str:
     """Markdown: one row per drafter, the summary metrics, and the relative gain of the
-    expected accepted drafts over `baseline`."""
+    expected accepted drafts over `baseline` (`sampled-branch`, paired by batch). When
+    some drafter's `sampled-mixture` estimate differs from its `sampled-branch` one
+    (K > 1), a second column pairs the `sampled-mixture` estimates the same way: the
+    DBlast gain of a K = 4 drafter over a K = 1 baseline (whose two estimates are equal)."""
     keys = [k for k in SUMMARY_KEYS if any(k in r for r in results.values())]
-    head = ["drafter"] + keys + ([f"AL gain vs {baseline} (paired SE)"] if baseline else [])
+    mixture = any(_has_mixture(r) for r in results.values())
+    gains = [("al_estimate", "AL gain vs {} (paired SE)")]
+    if mixture:
+        gains.append(("al_estimate_mixture", "mixture AL gain vs {} (paired SE)"))
+    head = ["drafter"] + keys + ([title.format(baseline) for _, title in gains]
+                                 if baseline else [])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     if baseline and baseline not in results:
         raise ValueError(f"baseline {baseline!r} is not among {sorted(results)}")
@@ -283,19 +291,27 @@ def validation_table(results: Mapping[str, Mapping[str, Any]],
         se = r.get(f"{k}_se")
         return f"{r[k]:.4f}" + (f" ± {se:.4f}" if se is not None and np.isfinite(se) else "")
 
+    def gain_cell(r, key):
+        if key in r.get("per_batch", {}) and key in base.get("per_batch", {}):
+            gain, se = paired_gain(r, base, key)
+            return f"{gain:+.1f}% ± {se:.1f}%" if np.isfinite(se) else f"{gain:+.1f}%"
+        if r.get(key) is not None and base.get(key):
+            return f"{100 * (r[key] / base[key] - 1):+.1f}%"
+        return ""
+
     for name, r in results.items():
         cells = [name] + [cell(r, k) for k in keys]
         if base is not None:
-            if "per_batch" in r and "per_batch" in base:
-                gain, se = paired_gain(r, base)
-                cells.append(f"{gain:+.1f}% ± {se:.1f}%" if np.isfinite(se) else
-                             f"{gain:+.1f}%")
-            elif r.get("al_estimate") is not None and base.get("al_estimate"):
-                cells.append(f"{100 * (r['al_estimate'] / base['al_estimate'] - 1):+.1f}%")
-            else:
-                cells.append("")
+            cells += [gain_cell(r, key) for key, _ in gains]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _has_mixture(r: Mapping[str, Any]) -> bool:
+    """Whether the drafter's `sampled-mixture` estimate is not just its `sampled-branch`
+    one (K = 1 drafters have the two equal)."""
+    a, m = r.get("al_estimate"), r.get("al_estimate_mixture")
+    return a is not None and m is not None and not np.isclose(a, m, rtol=1e-9, atol=0.0)
 
 
 def plot_prefix_acceptance(results: Mapping[str, Mapping[str, Any]], out: str) -> str:
