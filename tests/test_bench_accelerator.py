@@ -7,8 +7,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -16,7 +14,6 @@ def _positive(x) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
 
 
-@pytest.mark.slow
 def test_bench_accelerator_tiny(tmp_path):
     out = tmp_path / "tiny.json"
     env = dict(os.environ, JAX_PLATFORMS="cpu")

@@ -195,7 +195,6 @@ GRAD_COSINE_MIN = 0.99
 GRAD_NORM_RTOL = 5e-2
 
 
-@pytest.mark.slow
 def test_bf16_train_step_matches_float32():
     """One `make_train_step` step, param_dtype "bfloat16" vs "float32", from the same
     initial weights (bf16 = the float32 drafter and target cast) on the same batch, K = 4

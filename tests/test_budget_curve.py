@@ -6,8 +6,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 from conftest import make_corpus as _make_corpus  # tests/ is on sys.path (pytest "prepend" mode)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -21,7 +19,6 @@ def _run(*args):
     return out
 
 
-@pytest.mark.slow
 def test_curve_in_segments_resumes_and_plots(tmp_path):
     corpus = _make_corpus(tmp_path / "corpus")
     wd = tmp_path / "run"

@@ -46,7 +46,6 @@ def _strip(manifest):
             for s in manifest["shards"]]
 
 
-@pytest.mark.slow
 def test_regenerate_resume_read_and_train_on_gs(gcs, tmp_path, monkeypatch):
     from dblast_jax.data.stats import corpus_stats
     from dblast_jax.train import trainer as TR

@@ -140,7 +140,6 @@ def _rows(folder):
     return sorted(rows, key=lambda r: json.dumps(r, sort_keys=True))
 
 
-@pytest.mark.slow
 def test_evaluation_tables_equal_one_process(runs):
     _, one, two, outs = runs
     a, b = _results(one), _results(two)
@@ -159,7 +158,6 @@ def test_evaluation_tables_equal_one_process(runs):
     assert (two / "eval" / "results.md").read_text().count("| k2 |") == 4
 
 
-@pytest.mark.slow
 def test_validation_equals_one_process(runs):
     _, one, two, outs = runs
     a = json.loads((one / "validate" / "validation.json").read_text())
@@ -173,7 +171,6 @@ def test_validation_equals_one_process(runs):
     assert "| k2 |" in outs[0] and "| k2 |" not in outs[1]  # process 0 reports
 
 
-@pytest.mark.slow
 def test_resume_redoes_only_the_lost_unit(runs):
     """After a 2-process run killed mid-write (the last two units' rows in the process
     files, one of them cut), a rerun decodes that one unit only, and the results equal
@@ -191,7 +188,6 @@ def test_resume_redoes_only_the_lost_unit(runs):
     assert "decodes 0 of the 1 unfinished units" in outs[1].split("resume:")[1]
 
 
-@pytest.mark.slow
 def test_validation_with_fewer_batches_than_processes(runs):
     """One batch, two processes: process 1 scores none of its own; batch 0's numbers."""
     _, one, two, _ = runs

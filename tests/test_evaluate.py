@@ -207,7 +207,6 @@ def test_multi_turn_feeds_the_model_first_answer(monkeypatch):
     assert row["histogram"] == [1, 1, 1]
 
 
-@pytest.mark.slow
 @pytest.mark.real_model
 def test_launcher_on_the_real_benchmarks(tmp_path):
     """launch/evaluate.py end to end: two real benchmarks, one prompt each, SmolLM2's

@@ -64,7 +64,6 @@ def test_target_and_drafter_on_different_meshes_are_refused(mesh):
                                 [[1, 2]], dj.SamplingConfig(max_new_tokens=3))
 
 
-@pytest.mark.slow
 def test_cli_generate_mesh_flag(capsys):
     args = ["generate", "--model", "tiny-smollm2", "--prompt", "Hi", "--prompt", "Bye",
             "--max-new-tokens", "6", "--temperature", "1.0", "--json", "--drafter", "random"]

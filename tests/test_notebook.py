@@ -12,7 +12,6 @@ nbclient = pytest.importorskip("nbclient")
 NOTEBOOK = Path(__file__).resolve().parents[1] / "experiments" / "colab" / "quickstart.ipynb"
 
 
-@pytest.mark.slow
 def test_quickstart_notebook_executes_at_tiny_size(tmp_path, tiny_demo, monkeypatch):
     """Every cell runs in a real kernel. Its demo cell resumes a copy of the session's
     finished tiny demo (test_demo.py runs and checks the demo itself from scratch), so

@@ -116,7 +116,6 @@ def one_and_two(work):
     return one, two, outs
 
 
-@pytest.mark.slow
 def test_two_processes_equal_one(one_and_two):
     one, two, outs = one_and_two
     assert "4/4 shards" in outs[0] and "shards" not in outs[1]  # process 0 reports
@@ -129,7 +128,6 @@ def test_two_processes_equal_one(one_and_two):
     assert _leftovers(one) == _leftovers(two) == []
 
 
-@pytest.mark.slow
 def test_killed_process_then_restart_loses_and_repeats_nothing(work, one_and_two):
     root, flags = work
     one, _, _ = one_and_two

@@ -70,12 +70,7 @@ def sample_sequences(tc, tp, dc, dp, sampling, n=SAMPLES, seed=0):
 
 
 MODES = ("greedy-branch", "sampled-branch", "mixture", "sampled-mixture")
-# Every mode at T = 1.5 and at T = 1.0 with top-k / top-p, and two mixed cases, run by
-# default; every mode at T = 0.7 and 1.0 without truncation (the same code paths at other
-# temperatures) is marked slow, to keep the default suite short (--run-slow runs them).
-_SLOW = pytest.mark.slow
-CASES = [pytest.param(mode, temp, 0, 1.0, marks=() if temp == 1.5 else _SLOW)
-         for mode in MODES for temp in (0.7, 1.0, 1.5)]
+CASES = [(mode, temp, 0, 1.0) for mode in MODES for temp in (0.7, 1.0, 1.5)]
 CASES += [(mode, 1.0, 3, 0.9) for mode in MODES]
 CASES += [("greedy-branch", 1.5, 0, 0.7), ("sampled-branch", 0.7, 4, 1.0)]
 
@@ -104,7 +99,6 @@ def _broken_verify_block(rng_accept, rng_residual, target_probs, drafts, proposa
     return verdict._replace(next_token=token.astype(jnp.int32))
 
 
-@pytest.mark.slow
 def test_the_test_has_power_on_a_broken_verifier(tiny, monkeypatch):
     tc, tp, dc, dp = tiny
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=NEW, verify_mode="greedy-branch")
@@ -153,7 +147,7 @@ def test_mixture_accepts_at_least_as_much_as_greedy_branch_on_the_same_drafts():
         greedy.expected_accepted).mean()
 
 
-@pytest.mark.parametrize("num_categories", [1, pytest.param(4, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("num_categories", [1, 4])
 def test_temperature_zero_equals_plain_greedy_whatever_the_drafter(num_categories):
     tc = TargetConfig.tiny_qwen3()
     tp = T.init_params(tc, 2)

@@ -14,7 +14,6 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
 from conftest import check_process_outputs, cpu_process_env, free_port  # tests/ is on sys.path
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -59,7 +58,6 @@ def _losses(workdir):
     return [json.loads(ln)["loss"] for ln in open(os.path.join(workdir, "metrics.jsonl"))]
 
 
-@pytest.mark.slow
 def test_two_processes_equal_one(tmp_path):
     from safetensors.numpy import load_file
 

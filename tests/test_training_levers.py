@@ -319,7 +319,6 @@ def test_row_scaled_adamw_is_adamw_on_standardised_inputs():
     assert not np.allclose(np.asarray(raw["fc"]["kernel"]) / d, ref["fc"]["kernel"], rtol=1e-2)
 
 
-@pytest.mark.slow
 def test_tap_rms_scaling_trains_resumes_and_matches_the_cache(corpus, tmp_path):  # noqa: F811
     from dblast_jax.models import target as target_lib
     from dblast_jax.train import tap_scaling
