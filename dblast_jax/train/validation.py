@@ -309,9 +309,10 @@ def validation_table(results: Mapping[str, Mapping[str, Any]],
 
 def _has_mixture(r: Mapping[str, Any]) -> bool:
     """Whether the drafter's `sampled-mixture` estimate is not just its `sampled-branch`
-    one (K = 1 drafters have the two equal)."""
+    one (K = 1 drafters have the two equal, up to float32 rounding: the two come from
+    different code paths)."""
     a, m = r.get("al_estimate"), r.get("al_estimate_mixture")
-    return a is not None and m is not None and not np.isclose(a, m, rtol=1e-9, atol=0.0)
+    return a is not None and m is not None and not np.isclose(a, m, rtol=1e-5, atol=1e-7)
 
 
 def plot_prefix_acceptance(results: Mapping[str, Mapping[str, Any]], out: str) -> str:
