@@ -14,21 +14,8 @@ set -u
 cd "$(dirname "$0")/../.."
 LR=${LR:-5e-4}
 BUDGET_CPU_S=100000
-HEAD=(--override=train_head_tokens=4096 --override=train_head_sampled=1024)
-# The trunk: section 4.6's K = 1 as it was shipped in pretrained/ until this section replaced
-# it (commit b96a34a; the bfloat16 export of runs/budget/taps5_distill_head4k), taken from git.
-TRUNK=runs/budget/trunk_s10
-if [ ! -f $TRUNK/model.safetensors ]; then
-  mkdir -p $TRUNK
-  for f in config.json model.safetensors; do
-    git show b96a34a:pretrained/smollm2-135m-instruct/smollm2-dflash-k1/$f > $TRUNK/$f.tmp \
-      && mv $TRUNK/$f.tmp $TRUNK/$f
-  done
-fi
-# from_trunk NAME [flags...]: the flags come last, so they override the shared ones
-from_trunk() { local name=$1; shift; run_budget "$name" "${TAPS5[@]}" "${HEAD[@]}" \
-  --override=distill_weight=1.0 --override=drafter_init=drafter:$TRUNK "$@"; }
 STEPS=300 source experiments/budget/recipe.sh
+source experiments/budget/from_trunk.sh   # the trunk, and from_trunk NAME [flags]
 from_trunk k4al_from_head4k --experiment=smollm2_dblast_k4_al
 from_trunk k1al_from_head4k --experiment=smollm2_k1_al
 STEPS=1000 source experiments/budget/recipe.sh
