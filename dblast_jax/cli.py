@@ -333,7 +333,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="NAME=FOLDER[@mode=mixture,zt=0.5] (repeatable; FOLDER may be "
                    "pretrained:NAME, a shipped drafter, or a training workdir, its latest "
                    "checkpoint on any devices; NAME=random-kN for an untrained one; "
-                   "'@' settings override --verify-mode / Z_T per name)")
+                   "'@' settings override --verify-mode / Z_T per name; @block=N drafts a "
+                   "shorter block than the drafter was trained with)")
     p.add_argument("--baseline", help="drafter NAME the gains are relative to")
     p.add_argument("--benchmarks", nargs="+",
                    default=["humaneval", "mt-bench", "gsm8k", "creative-writing"])

@@ -443,6 +443,13 @@ def _overrides(drafter) -> dict:
     return dict(getattr(drafter, "sampling_overrides", None) or {})
 
 
+def _method_settings(drafter) -> dict:
+    """What run_config.json records per drafter name: its sampling overrides, and its
+    `@block=N` when it drafts a shorter block than it was trained with."""
+    block = getattr(drafter, "block_override", None)
+    return _overrides(drafter) if block is None else dict(_overrides(drafter), block=block)
+
+
 def _read_rows(path: Path, repair: bool = True) -> list[dict]:
     """Finished rows; a last line cut by an interrupted run is dropped (its unit is redone).
     repair: also fix the file so that the next append starts on a fresh line (only the
@@ -594,7 +601,7 @@ def _run_evaluation(target, drafters: Mapping[str, Any], *,
     meta = {"target": getattr(target, "name", "target"), "seed": seed,
             "max_new_tokens": max_new_tokens, "verify_mode": verify_mode,
             "batch_size": batch_size}
-    method_settings = {name: _overrides(d) for name, d in drafters.items()}
+    method_settings = {name: _method_settings(d) for name, d in drafters.items()}
     # Process 0 (holding the lock) checks and records the settings and merges the rows
     # of earlier runs; the others hear the outcome before anyone decodes.
     error = _setup_error

@@ -244,6 +244,8 @@ class Drafter:
     name: str = "drafter"
     # SamplingConfig fields this drafter is evaluated with (e.g. verify_mode, Z_T)
     sampling_overrides: dict = dataclasses.field(default_factory=dict)
+    # a spec's `@block=N` (with_block_size): recorded beside the sampling overrides
+    block_override: Optional[int] = None
 
 
 def init_drafter(target: Target, drafter_config, rng: jax.Array | int = 0,
@@ -305,6 +307,11 @@ SPEC_SAMPLING_KEYS = {"verify_mode": "verify_mode", "mode": "verify_mode",
                       "category_temperature": "category_temperature",
                       "zt": "category_temperature", "z_t": "category_temperature",
                       "draft_temperature": "draft_temperature"}
+# drafter settings a spec may fix (NAME=FOLDER@block=4): drafting fewer tokens per step
+# than the drafter was trained for. A step then verifies a shorter block, which is cheaper
+# on a compute-bound CPU (RESULTS.md 4.8); the drafter has no per-position parameters, so
+# only the block's length changes, and verification stays exact.
+SPEC_DRAFTER_KEYS = {"block": "block_size", "block_size": "block_size"}
 
 
 def parse_drafter_spec(spec: str) -> tuple[str, str, dict]:
@@ -321,14 +328,32 @@ def parse_drafter_spec(spec: str) -> tuple[str, str, dict]:
     overrides: dict = {}
     for item in filter(None, (x.strip() for x in settings.split(","))):
         key, eq, value = item.partition("=")
-        field = SPEC_SAMPLING_KEYS.get(key.strip())
+        field = SPEC_SAMPLING_KEYS.get(key.strip()) or SPEC_DRAFTER_KEYS.get(key.strip())
         if not eq or field is None:
             raise ValueError(f"drafter {spec!r}: setting {item!r} must be key=value with key "
-                             f"in {sorted(SPEC_SAMPLING_KEYS)}")
-        overrides[field] = value.strip() if field == "verify_mode" else float(value)
-    if overrides:
-        SamplingConfig(**overrides)  # validates mode names and temperature ranges now
+                             f"in {sorted(SPEC_SAMPLING_KEYS) + sorted(SPEC_DRAFTER_KEYS)}")
+        if field == "block_size":
+            if not re.fullmatch(r"[0-9]+", value.strip()) or int(value) < 2:
+                raise ValueError(f"drafter {spec!r}: block must be an integer >= 2 (the "
+                                 f"anchor and at least one draft), got {value.strip()!r}")
+            overrides[field] = int(value)
+        else:
+            overrides[field] = value.strip() if field == "verify_mode" else float(value)
+    sampling = {k: v for k, v in overrides.items() if k != "block_size"}
+    if sampling:
+        SamplingConfig(**sampling)  # validates mode names and temperature ranges now
     return name, path, overrides
+
+
+def with_block_size(drafter: Drafter, block_size: int) -> Drafter:
+    """`drafter` drafting `block_size - 1` tokens per step instead of its trained block's
+    (a shorter block only: a longer one would draft positions it never learned)."""
+    trained = drafter.config.block_size
+    if not 2 <= block_size <= trained:
+        raise ValueError(f"drafter {drafter.name!r}: block {block_size} must lie in "
+                         f"[2, {trained}] (it was trained with blocks of {trained})")
+    return dataclasses.replace(drafter, config=drafter.config.replace(block_size=block_size),
+                               block_override=block_size)
 
 
 def named_drafters(specs: Sequence[str], target: Target, dtype=jnp.float32) -> dict:
@@ -343,8 +368,9 @@ def named_drafters(specs: Sequence[str], target: Target, dtype=jnp.float32) -> d
             raise ValueError(f"drafter name {name!r} given twice")
         if path not in loaded:
             loaded[path] = drafter_from_spec(path, target, dtype)
-        drafters[name] = dataclasses.replace(loaded[path], name=name,
-                                             sampling_overrides=overrides)
+        block = overrides.pop("block_size", None)
+        drafter = dataclasses.replace(loaded[path], name=name, sampling_overrides=overrides)
+        drafters[name] = drafter if block is None else with_block_size(drafter, block)
     return drafters
 
 

@@ -32,7 +32,7 @@ flags.DEFINE_bool("debug", False, "show the traceback of every error, expected o
 flags.DEFINE_string("model", "smollm2-135m-instruct", "target preset, HF folder or .gguf file")
 flags.DEFINE_multi_string("drafter", None, "NAME=FOLDER[@mode=mixture,zt=0.5] or NAME=random-kN "
                           "(repeatable; '@' settings: this name's verify mode / category "
-                          "temperature Z_T)", required=True)
+                          "temperature Z_T / a shorter block, block=N)", required=True)
 flags.DEFINE_string("baseline", None, "drafter NAME the relative gains refer to")
 flags.DEFINE_list("benchmarks", ["humaneval", "mt-bench", "gsm8k", "creative-writing"],
                   "evaluation sets")

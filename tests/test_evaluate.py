@@ -243,6 +243,48 @@ def test_drafter_spec_settings_parse_and_refuse_bad_input():
             parse_drafter_spec(bad)
 
 
+def test_a_shorter_block_setting_drafts_fewer_tokens_and_is_recorded(tmp_path):
+    """`NAME=DIR@block=N`: the same parameters draft N - 1 tokens per step (cheaper verify
+    passes on a CPU); greedy output stays the target's; a longer block than the trained
+    one, or a non-integer, is refused; the evaluation records the setting per name."""
+    import dblast_jax as dj
+    import dblast_jax.generation as gen
+    from dblast_jax.config import DrafterConfig
+    from dblast_jax.io.dflash import export_drafter
+
+    assert gen.parse_drafter_spec("k=d@block=2,mode=mixture")[2] == {
+        "block_size": 2, "verify_mode": "mixture"}
+    for bad in ("k=d@block=1", "k=d@block=x", "k=d@block=2.5"):
+        with pytest.raises(ValueError, match="block must be an integer >= 2"):
+            gen.parse_drafter_spec(bad)
+    target = gen.load_target("tiny-qwen3")
+    drafter = gen.init_drafter(target, DrafterConfig.for_target(
+        target.config, block_size=4, num_categories=2), 3)
+    folder = export_drafter(drafter.params, drafter.config, tmp_path / "k2")
+    drafters = gen.named_drafters([f"b4={folder}", f"b2={folder}@block=2"], target)
+    assert drafters["b4"].config.block_size == 4 and drafters["b4"].block_override is None
+    assert drafters["b2"].config.block_size == 2 and drafters["b2"].block_override == 2
+    assert drafters["b2"].params is drafters["b4"].params
+    assert drafters["b2"].sampling_overrides == {}
+    with pytest.raises(ValueError, match="trained with blocks of 4"):
+        gen.named_drafters([f"b8={folder}@block=8"], target)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
+    greedy = dj.SamplingConfig(temperature=0.0, max_new_tokens=6, stop_tokens=(10**6,))
+    spec = gen.speculative_generate(target, drafters["b2"], prompts, greedy)
+    assert spec.tokens == dj.generate(target, prompts, greedy).tokens
+    assert len(spec.stats["histogram"]) == 2  # 0 or 1 accepted draft per step
+    result = ev.run_evaluation(target, drafters, prompt_sets={"toy": [[3, 14, 15, 92, 65]]},
+                               temperatures=(1.0,), max_new_tokens=6, out_dir=tmp_path / "eval",
+                               baseline="b4", progress=False, warmup=False, plots=False)
+    assert result["meta"]["method_settings"] == {"b4": {}, "b2": {"block": 2}}
+    with pytest.raises(ValueError, match="method b2"):  # the same name, another block
+        ev.run_evaluation(target, gen.named_drafters([f"b4={folder}", f"b2={folder}@block=3"],
+                                                     target),
+                          prompt_sets={"toy": [[3, 14, 15, 92, 65]]}, temperatures=(1.0,),
+                          max_new_tokens=6, out_dir=tmp_path / "eval", baseline="b4",
+                          progress=False, warmup=False, plots=False)
+
+
 def test_evaluation_variants_share_a_drafter_and_use_their_own_settings(tmp_path, monkeypatch):
     """One trained drafter under two names: greedy-branch and mixture verification (the
     verify-mode ablation) and a category temperature (the Z_T ablation)."""
