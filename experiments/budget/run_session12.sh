@@ -12,10 +12,7 @@
 # return at once). Workdirs and logs land in runs/budget/.
 set -u
 cd "$(dirname "$0")/../.."
-LR=${LR:-5e-4}
-BUDGET_CPU_S=100000
-STEPS=300 source experiments/budget/recipe.sh
-source experiments/budget/from_trunk.sh   # the trunk, and from_trunk NAME [flags]
+STEPS=300 source experiments/budget/from_trunk.sh   # the recipe, the trunk, from_trunk NAME [flags]
 from_trunk k4al_from_head4k --experiment=smollm2_dblast_k4_al
 from_trunk k1al_from_head4k --experiment=smollm2_k1_al
 STEPS=1000 source experiments/budget/recipe.sh

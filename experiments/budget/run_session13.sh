@@ -11,10 +11,7 @@
 # finished validation is skipped). Workdirs, logs and validations land in runs/budget/.
 set -u
 cd "$(dirname "$0")/../.."
-LR=${LR:-5e-4}
-BUDGET_CPU_S=100000
-STEPS=300 source experiments/budget/recipe.sh
-source experiments/budget/from_trunk.sh   # the trunk, and from_trunk NAME [flags]
+STEPS=300 source experiments/budget/from_trunk.sh   # the recipe, the trunk, from_trunk NAME [flags]
 from_trunk dflash_from_head4k --experiment=smollm2_dflash_baseline
 from_trunk k4nll_from_head4k --experiment=smollm2_dblast_k4_nll
 from_trunk k2al_from_head4k --experiment=smollm2_dblast_k2_al
