@@ -7,7 +7,7 @@ three temperatures -> print the tau table and write plots.
 
 Every stage is one of the library's resumable jobs, so an interrupted demo continues
 where it stopped when run again with the same `--workdir`. The budget is tiny on purpose
-(about 11 minutes on a 2-core CPU): the numbers show that the pipeline works and how the
+(11-15 minutes on a 2-core CPU): the numbers show that the pipeline works and how the
 measurements look, not what the method reaches with a real training budget (RESULTS.md).
 """
 
@@ -53,7 +53,7 @@ _LEGACY_DEMO_FIELDS = {"block_size": "block_size", "drafter_layers": "num_layers
 @dataclasses.dataclass(frozen=True)
 class DemoConfig:
     """Sizes of each stage. `DemoConfig()` is the embedded default (SmolLM2-135M-Instruct,
-    ~11 minutes on this 2-core CPU); `DemoConfig.tiny()` runs in about a minute on a tiny
+    11-15 minutes on this 2-core CPU); `DemoConfig.tiny()` runs in about a minute on a tiny
     random model with SmolLM2's tokenizer (tests, the CI-run notebook)."""
 
     model: str = "smollm2-135m-instruct"
@@ -79,7 +79,7 @@ class DemoConfig:
     benchmarks: tuple[str, ...] = BENCHMARKS
     temperatures: tuple[float, ...] = (0.7, 1.0, 1.5)
     eval_prompts: int = 2
-    eval_new_tokens: int = 48  # with the 2 shipped drafters: 635 s in all (RESULTS.md)
+    eval_new_tokens: int = 48  # with the 2 shipped drafters: 635-893 s in all (RESULTS.md 2)
     # extra NAME=FOLDER[@settings] drafters evaluated beside the freshly trained ones
     # (e.g. a drafter committed to the repository or fetched by a documented command)
     extra_drafters: tuple[str, ...] = ()
