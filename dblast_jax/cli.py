@@ -8,7 +8,7 @@
     dblast train --experiment NAME --workdir DIR; dblast export DIR --out FOLDER
     dblast eval --drafter base=DIR --drafter k4=DIR --baseline base
     dblast validate --drafter k4=DIR --data CORPUS --shards 16:20   # held-out expected AL
-    dblast demo                               # the whole pipeline, ~11 min on a laptop CPU
+    dblast demo                               # the whole pipeline, ~11-15 min on a laptop CPU
 
 An expected failure (a missing or malformed file, an unknown name, a bad value) prints one
 line -- what is wrong, where, how to fix it -- and exits with status 2; a bug prints its
@@ -382,7 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_cluster_args(p, "the batches are shared out; process 0 writes --out")
     p.set_defaults(func=_cmd_validate)
 
-    p = sub.add_parser("demo", help="the whole pipeline on an embedded default (~11 min "
+    p = sub.add_parser("demo", help="the whole pipeline on an embedded default (~11-15 min "
                        "on a laptop CPU): corpus, K=1 and K=4 drafters, evaluation, plots")
     p.add_argument("--workdir", default="dblast_demo", type=folder,
                    help="resumable output folder")
