@@ -234,6 +234,83 @@ class DrafterConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class NgramConfig:
+    """Prompt-lookup drafting (vLLM's `ngram` method), run inside the on-device loop: the
+    longest suffix of prompt + output of length max_n .. min_n that occurred before, and
+    the `block_size - 1` tokens that followed its latest occurrence. No parameters, no
+    feature taps: the proposal is a function of the text so far, so it verifies as a
+    one-hot Q at every temperature (exact)."""
+
+    block_size: int = 8  # the anchor + block_size - 1 drafts (k = block_size - 1)
+    max_n: int = 4
+    min_n: int = 1
+    name: str = "ngram"
+
+    def __post_init__(self):
+        for field, low in (("block_size", 2), ("min_n", 1), ("max_n", 1)):
+            v = getattr(self, field)
+            if not isinstance(v, int) or isinstance(v, bool) or v < low:
+                raise ValueError(f"ngram {field} must be an integer >= {low}, got {v!r}")
+        if self.min_n > self.max_n:
+            raise ValueError(f"ngram min_n ({self.min_n}) must be <= max_n ({self.max_n})")
+
+    @property
+    def target_layer_ids(self) -> tuple[int, ...]:
+        return ()  # reads no target features
+
+    def replace(self, **changes: Any) -> "NgramConfig":
+        return dataclasses.replace(self, **changes)
+
+
+@dataclasses.dataclass(frozen=True)
+class CombinedDrafterConfig:
+    """A trained drafter and the n-gram proposal in one loop, one verify pass per step: a
+    row takes the n-gram drafts where its matched suffix is at least `min_match` tokens
+    long, else the trained drafter's. The choice depends on the text so far only, never on
+    either proposal's random draws, so verifying each row against the proposal it used
+    stays exact. The block is the trained drafter's."""
+
+    drafter: DrafterConfig
+    ngram: NgramConfig
+    min_match: int = 2
+    name: str = "combined"
+
+    def __post_init__(self):
+        if self.ngram.block_size != self.drafter.block_size:
+            object.__setattr__(self, "ngram",
+                               self.ngram.replace(block_size=self.drafter.block_size))
+        if not isinstance(self.min_match, int) or self.min_match < 1:
+            raise ValueError(f"min_match must be an integer >= 1, got {self.min_match!r}")
+        if self.min_match > self.ngram.max_n:
+            raise ValueError(f"min_match ({self.min_match}) exceeds the n-gram's max_n "
+                             f"({self.ngram.max_n}): the n-gram drafts would never be used")
+
+    @property
+    def block_size(self) -> int:
+        return self.drafter.block_size
+
+    @property
+    def target_layer_ids(self) -> tuple[int, ...]:
+        return self.drafter.target_layer_ids
+
+    def replace(self, **changes: Any) -> "CombinedDrafterConfig":
+        if "block_size" in changes:  # both proposals draft the same block
+            block = changes.pop("block_size")
+            changes["drafter"] = changes.get("drafter", self.drafter).replace(block_size=block)
+            changes["ngram"] = changes.get("ngram", self.ngram).replace(block_size=block)
+        return dataclasses.replace(self, **changes)
+
+
+def trained_drafter_config(config: Any) -> Optional[DrafterConfig]:
+    """The trained drafter inside a drafter config (None for pure n-gram drafting)."""
+    if isinstance(config, NgramConfig):
+        return None
+    if isinstance(config, CombinedDrafterConfig):
+        return config.drafter
+    return config
+
+
+@dataclasses.dataclass(frozen=True)
 class DrafterSpec:
     """The drafter a run trains, in terms that do not depend on the target: `for_target`
     turns it into the `DrafterConfig` for one target (the only place that does). A None

@@ -447,7 +447,8 @@ def _method_settings(drafter) -> dict:
     """What run_config.json records per drafter name: its sampling overrides, and its
     `@block=N` when it drafts a shorter block than it was trained with."""
     block = getattr(drafter, "block_override", None)
-    return _overrides(drafter) if block is None else dict(_overrides(drafter), block=block)
+    settings = dict(_overrides(drafter), **(getattr(drafter, "ngram_settings", None) or {}))
+    return settings if block is None else dict(settings, block=block)
 
 
 def _read_rows(path: Path, repair: bool = True) -> list[dict]:

@@ -22,7 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from dblast_jax import pretrained, registry, sharding
-from dblast_jax.config import DrafterConfig, SamplingConfig, TargetConfig
+from dblast_jax.config import (CombinedDrafterConfig, DrafterConfig, NgramConfig,
+                               SamplingConfig, TargetConfig, trained_drafter_config)
 from dblast_jax.distributed import mesh_shape
 from dblast_jax.io import presets
 from dblast_jax.io.dflash import export_drafter as _export_dflash
@@ -239,13 +240,15 @@ def generate(target: Target, prompts: Sequence[Prompt], sampling: SamplingConfig
 
 @dataclasses.dataclass
 class Drafter:
-    config: Any  # DrafterConfig
-    params: Any
+    config: Any  # DrafterConfig, NgramConfig or CombinedDrafterConfig
+    params: Any  # the trained drafter's parameters ({} for n-gram drafting)
     name: str = "drafter"
     # SamplingConfig fields this drafter is evaluated with (e.g. verify_mode, Z_T)
     sampling_overrides: dict = dataclasses.field(default_factory=dict)
     # a spec's `@block=N` (with_block_size): recorded beside the sampling overrides
     block_override: Optional[int] = None
+    # a spec's n-gram settings (`@n=3,min_n=2`, `@match=3`): recorded beside them too
+    ngram_settings: dict = dataclasses.field(default_factory=dict)
 
 
 def init_drafter(target: Target, drafter_config, rng: jax.Array | int = 0,
@@ -263,10 +266,38 @@ def load_drafter(path: str | os.PathLike, target: Target, dtype=jnp.float32) -> 
     return Drafter(config, params, Path(path).name)
 
 
+NGRAM_SPEC = "ngram"
+
+
+def ngram_drafter(block_size: int = 8, max_n: int = 4, min_n: int = 1) -> Drafter:
+    """Prompt-lookup drafting (no parameters): `block_size - 1` drafts copied from the
+    text after the latest earlier occurrence of its longest max_n..min_n-token suffix."""
+    config = NgramConfig(block_size=block_size, max_n=max_n, min_n=min_n)
+    return Drafter(config, {}, NGRAM_SPEC)
+
+
+def combined_drafter(trained: Drafter, min_match: int = 2, max_n: int = 4,
+                     min_n: int = 1) -> Drafter:
+    """`trained` plus the n-gram proposal: per step and row the n-gram drafts where the
+    text's suffix matched at least `min_match` tokens, else the trained drafter's."""
+    base = trained_drafter_config(trained.config)
+    if base is None or base is not trained.config:
+        raise ValueError(f"drafter {trained.name!r} is not a trained drafter; combine a "
+                         "trained drafter with the n-gram proposal")
+    config = CombinedDrafterConfig(base, NgramConfig(base.block_size, max_n, min_n),
+                                   min_match=min_match)
+    return dataclasses.replace(trained, config=config, name=f"{trained.name}+{NGRAM_SPEC}")
+
+
 def drafter_from_spec(spec: str, target: Target, dtype=jnp.float32) -> Drafter:
     """A drafter folder, a training workdir (its latest checkpoint), `pretrained:NAME` (a
-    drafter shipped in the repository, checked by sha256), or `random` / `random-kN`
-    (untrained: shows the overhead floor)."""
+    drafter shipped in the repository, checked by sha256), `random` / `random-kN`
+    (untrained: shows the overhead floor), `ngram` (prompt lookup, no parameters), or any
+    of the trained ones followed by `+ngram` (the combined drafter)."""
+    if spec == NGRAM_SPEC:
+        return ngram_drafter()
+    if spec.endswith("+" + NGRAM_SPEC) and len(spec) > len(NGRAM_SPEC) + 1:
+        return combined_drafter(drafter_from_spec(spec[:-len(NGRAM_SPEC) - 1], target, dtype))
     if pretrained.is_pretrained_spec(spec):
         name = spec[len(pretrained.PREFIX):]
         # a preset-loaded target must be the one the drafter was trained for; a target
@@ -312,6 +343,13 @@ SPEC_SAMPLING_KEYS = {"verify_mode": "verify_mode", "mode": "verify_mode",
 # on a compute-bound CPU (RESULTS.md 4.8); the drafter has no per-position parameters, so
 # only the block's length changes, and verification stays exact.
 SPEC_DRAFTER_KEYS = {"block": "block_size", "block_size": "block_size"}
+# n-gram settings (NAME=ngram@n=4,k=7, NAME=FOLDER+ngram@match=3): the longest and shortest
+# suffix matched, the number of drafts (k = block - 1), the combined drafter's minimum
+# match for taking the n-gram drafts
+SPEC_NGRAM_KEYS = {"n": "max_n", "max_n": "max_n", "min_n": "min_n", "k": "num_drafts",
+                   "match": "min_match", "min_match": "min_match"}
+_INT_SETTING_MIN = {"block_size": 2, "max_n": 1, "min_n": 1, "num_drafts": 1,
+                    "min_match": 1}
 
 
 def parse_drafter_spec(spec: str) -> tuple[str, str, dict]:
@@ -326,28 +364,68 @@ def parse_drafter_spec(spec: str) -> tuple[str, str, dict]:
         raise ValueError(f"drafter {spec!r}: expected NAME=FOLDER[@key=value,...] "
                          "(or NAME=random-kN)")
     overrides: dict = {}
+    is_ngram = path == NGRAM_SPEC or path.endswith("+" + NGRAM_SPEC)
+    keys = {**SPEC_SAMPLING_KEYS, **SPEC_DRAFTER_KEYS, **(SPEC_NGRAM_KEYS if is_ngram else {})}
     for item in filter(None, (x.strip() for x in settings.split(","))):
         key, eq, value = item.partition("=")
-        field = SPEC_SAMPLING_KEYS.get(key.strip()) or SPEC_DRAFTER_KEYS.get(key.strip())
+        field = keys.get(key.strip())
         if not eq or field is None:
+            ngram_note = "" if is_ngram else f" (n-gram keys {sorted(SPEC_NGRAM_KEYS)} " \
+                "apply to ngram and FOLDER+ngram)"
             raise ValueError(f"drafter {spec!r}: setting {item!r} must be key=value with key "
-                             f"in {sorted(SPEC_SAMPLING_KEYS) + sorted(SPEC_DRAFTER_KEYS)}")
-        if field == "block_size":
-            if not re.fullmatch(r"[0-9]+", value.strip()) or int(value) < 2:
-                raise ValueError(f"drafter {spec!r}: block must be an integer >= 2 (the "
-                                 f"anchor and at least one draft), got {value.strip()!r}")
+                             f"in {sorted(keys)}{ngram_note}")
+        if field in _INT_SETTING_MIN:
+            low = _INT_SETTING_MIN[field]
+            if not re.fullmatch(r"[0-9]+", value.strip()) or int(value) < low:
+                raise ValueError(f"drafter {spec!r}: {key.strip()} must be an integer >= "
+                                 f"{low}, got {value.strip()!r}")
             overrides[field] = int(value)
         else:
             overrides[field] = value.strip() if field == "verify_mode" else float(value)
-    sampling = {k: v for k, v in overrides.items() if k != "block_size"}
+    if "num_drafts" in overrides:  # k drafts = a block of k + 1
+        k = overrides.pop("num_drafts")
+        if overrides.setdefault("block_size", k + 1) != k + 1:
+            raise ValueError(f"drafter {spec!r}: k={k} and block={overrides['block_size']} "
+                             "disagree (block = k + 1)")
+    sampling = {k: v for k, v in overrides.items() if k not in DRAFTER_SETTINGS}
     if sampling:
         SamplingConfig(**sampling)  # validates mode names and temperature ranges now
     return name, path, overrides
 
 
+# the spec settings that shape the drafter rather than the sampling
+DRAFTER_SETTINGS = ("block_size", "max_n", "min_n", "min_match")
+
+
+def with_ngram_settings(drafter: Drafter, settings: dict) -> Drafter:
+    """`drafter` (n-gram or combined) with a spec's max_n / min_n / min_match."""
+    config = drafter.config
+    ngram_keys = {k: settings[k] for k in ("max_n", "min_n") if k in settings}
+    if isinstance(config, NgramConfig):
+        if "min_match" in settings:
+            raise ValueError(f"drafter {drafter.name!r}: match= applies to a combined "
+                             "drafter (FOLDER+ngram), not to ngram alone (use min_n)")
+        return dataclasses.replace(drafter, config=config.replace(**ngram_keys))
+    if isinstance(config, CombinedDrafterConfig):
+        changes: dict = {"ngram": config.ngram.replace(**ngram_keys)} if ngram_keys else {}
+        if "min_match" in settings:
+            changes["min_match"] = settings["min_match"]
+        return dataclasses.replace(drafter, config=config.replace(**changes))
+    if ngram_keys or "min_match" in settings:
+        raise ValueError(f"drafter {drafter.name!r}: n-gram settings need an ngram or "
+                         "FOLDER+ngram drafter")
+    return drafter
+
+
 def with_block_size(drafter: Drafter, block_size: int) -> Drafter:
     """`drafter` drafting `block_size - 1` tokens per step instead of its trained block's
-    (a shorter block only: a longer one would draft positions it never learned)."""
+    (a shorter block only: a longer one would draft positions it never learned; n-gram
+    drafting, which learned nothing, takes any block >= 2)."""
+    if isinstance(drafter.config, NgramConfig):
+        if block_size < 2:
+            raise ValueError(f"drafter {drafter.name!r}: block {block_size} must be >= 2")
+        return dataclasses.replace(drafter, config=drafter.config.replace(
+            block_size=block_size), block_override=block_size)
     trained = drafter.config.block_size
     if not 2 <= block_size <= trained:
         raise ValueError(f"drafter {drafter.name!r}: block {block_size} must lie in "
@@ -369,7 +447,10 @@ def named_drafters(specs: Sequence[str], target: Target, dtype=jnp.float32) -> d
         if path not in loaded:
             loaded[path] = drafter_from_spec(path, target, dtype)
         block = overrides.pop("block_size", None)
+        ngram_settings = {k: overrides.pop(k) for k in DRAFTER_SETTINGS if k in overrides}
         drafter = dataclasses.replace(loaded[path], name=name, sampling_overrides=overrides)
+        drafter = with_ngram_settings(drafter, ngram_settings)
+        drafter.ngram_settings = ngram_settings
         drafters[name] = drafter if block is None else with_block_size(drafter, block)
     return drafters
 
@@ -421,7 +502,9 @@ def speculative_generate(target: Target, drafter: Drafter, prompts: Sequence[Pro
     per-position acceptance rates. Target and drafter placed on one mesh (`on_mesh`)
     decode there, the batch split over the data axis.
     """
-    drafter_lm.check_drafter_fits_target(drafter.config, target.config)
+    trained = trained_drafter_config(drafter.config)
+    if trained is not None:
+        drafter_lm.check_drafter_fits_target(trained, target.config)
     rng, sampling, tokens, lengths, cache_size = _prepare(
         target, prompts, sampling, rng, chat, extra_cache=drafter.config.block_size)
     mesh, dmesh = mesh_of(target.params), mesh_of(drafter.params)
@@ -438,7 +521,7 @@ def speculative_generate(target: Target, drafter: Drafter, prompts: Sequence[Pro
             target.params, drafter.params, tokens, lengths, rng, target_config=target.config,
             drafter_config=drafter.config, sampling=sampling, cache_size=cache_size), warmup,
         _signature("speculative", target.config, drafter.config, sampling, cache_size, tokens,
-                   jax.tree.leaves(target.params)[0], jax.tree.leaves(drafter.params)[0]))
+                   jax.tree.leaves(target.params)[0], *jax.tree.leaves(drafter.params)[:1]))
     toks = _trim(out, counts)
     stats = acceptance_stats(accepted, expected, drafter.config.block_size)
     return GenerationResult(toks, decode_outputs(target, toks), timing, stats)

@@ -22,8 +22,9 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from dblast_jax import verify
-from dblast_jax.config import SamplingConfig, TargetConfig
+from dblast_jax import ngram, verify
+from dblast_jax.config import (CombinedDrafterConfig, NgramConfig, SamplingConfig, TargetConfig,
+                               trained_drafter_config)
 from dblast_jax.models import drafter as drafter_lm
 from dblast_jax.models import target as target_lm
 from dblast_jax.sampling import sample_tokens, sampling_logprobs
@@ -164,7 +165,8 @@ class SpecState:
     accepted: Array  # [B, max_steps] int32 accepted drafts per step, -1 = no step
     expected: Array  # [B, max_steps] float32 exact expected accepted drafts per step
     target_cache: target_lm.KVCache
-    draft_cache: target_lm.KVCache
+    draft_cache: target_lm.KVCache | None  # None: n-gram drafting (no trained drafter)
+    history: Array  # [B, cache_size] int32: prompt + emitted tokens, valid to anchor_pos
     rng: Array
 
 
@@ -180,7 +182,36 @@ def _spec_cond(state: SpecState, sampling: SamplingConfig) -> Array:
 
 
 def _draft(dparams, tparams, state: SpecState, keys, tcfg, dcfg, sampling: SamplingConfig):
-    """Propose d_1..d_{b-1} per row and the dense proposal Q used to verify them."""
+    """Propose d_1..d_{b-1} per row and the dense proposal Q used to verify them: the
+    trained drafter's, the n-gram's (deterministic: Q = one-hot), or per row either."""
+    if isinstance(dcfg, NgramConfig):
+        drafts, _ = _ngram_drafts(state, dcfg)
+        return drafts, verify.one_hot_proposal(drafts, tcfg.vocab_size)
+    if isinstance(dcfg, CombinedDrafterConfig):
+        ng_drafts, match = _ngram_drafts(state, dcfg.ngram)
+        use_ngram = match >= dcfg.min_match  # [B]: a function of the text so far only
+        ng_proposal = verify.one_hot_proposal(ng_drafts, tcfg.vocab_size)
+
+        def with_trained(_):
+            drafts, proposal = _trained_draft(dparams, tparams, state, keys, tcfg,
+                                              dcfg.drafter, sampling)
+            return (jnp.where(use_ngram[:, None], ng_drafts, drafts),
+                    jnp.where(use_ngram[:, None, None], ng_proposal, proposal))
+
+        # every row copies: skip the drafter's pass and its LM head altogether
+        return jax.lax.cond(jnp.all(use_ngram), lambda _: (ng_drafts, ng_proposal),
+                            with_trained, None)
+    return _trained_draft(dparams, tparams, state, keys, tcfg, dcfg, sampling)
+
+
+def _ngram_drafts(state: SpecState, config: NgramConfig) -> tuple[Array, Array]:
+    return ngram.propose(state.history, state.anchor_pos + 1,
+                         num_drafts=config.block_size - 1, min_n=config.min_n,
+                         max_n=config.max_n)
+
+
+def _trained_draft(dparams, tparams, state: SpecState, keys, tcfg, dcfg,
+                   sampling: SamplingConfig):
     k_cat, k_draft = keys[0], keys[1]
     hidden, prior = drafter_lm.draft_hidden(dparams, tparams, state.anchor, state.anchor_pos,
                                             state.draft_cache, drafter_config=dcfg,
@@ -229,7 +260,7 @@ def _spec_body(state: SpecState, tparams, dparams, tcfg: TargetConfig, dcfg,
     block = jnp.concatenate([state.anchor[:, None], drafts], axis=1)  # [B, b]
     logits, taps, target_cache = target_lm.extend(
         tparams, block, state.anchor_pos, state.target_cache, config=tcfg,
-        tap_layers=dcfg.target_layer_ids)
+        tap_layers=dcfg.target_layer_ids)  # () for n-gram drafting
     if sampling.temperature <= 0:
         verdict = verify.verify_greedy(logits, drafts)
     else:
@@ -253,9 +284,13 @@ def _spec_body(state: SpecState, tparams, dparams, tcfg: TargetConfig, dcfg,
     num_generated = state.num_generated + count
     done = state.done | jnp.any(stop_hit & (idx < count[:, None]), axis=1) | (
         num_generated >= sampling.max_new_tokens)
-    draft_cache = drafter_lm.append_context(dparams, taps, state.anchor_pos, state.draft_cache,
-                                            drafter_config=dcfg)
+    trained = trained_drafter_config(dcfg)
     new_pos = jnp.where(active, state.anchor_pos + n + 1, state.anchor_pos)
+    draft_cache = None
+    if trained is not None:
+        draft_cache = drafter_lm.append_context(dparams, taps, state.anchor_pos,
+                                                state.draft_cache, drafter_config=trained)
+        draft_cache = draft_cache.replace(lengths=new_pos)
     target_cache = target_cache.replace(lengths=new_pos)
     step_col = lambda buf, val, fill: jax.lax.dynamic_update_slice(
         buf, jnp.where(active, val, fill)[:, None].astype(buf.dtype), (0, state.step))
@@ -265,27 +300,35 @@ def _spec_body(state: SpecState, tparams, dparams, tcfg: TargetConfig, dcfg,
         anchor_pos=new_pos, done=done, num_generated=num_generated, out=out,
         accepted=step_col(state.accepted, n, -1),
         expected=step_col(state.expected, verdict.expected_accepted, 0.0),
-        target_cache=target_cache, draft_cache=draft_cache.replace(lengths=new_pos),
-        rng=state.rng)
+        target_cache=target_cache, draft_cache=draft_cache,
+        history=_per_row_write(state.history, emitted, state.anchor_pos + 1), rng=state.rng)
 
 
 def _spec_init(tparams, dparams, prompt_tokens: Array, prompt_lengths: Array, rng: Array,
                tcfg: TargetConfig, dcfg, sampling: SamplingConfig, cache_size: int) -> SpecState:
     """Target prefill (with feature taps), the first token, and the draft cache."""
     _check_prompts("speculative_generate_tokens", prompt_tokens, prompt_lengths)
-    drafter_lm.check_drafter_fits_target(dcfg, tcfg)
+    trained = trained_drafter_config(dcfg)
+    if trained is not None:
+        drafter_lm.check_drafter_fits_target(trained, tcfg)
     logits, taps, target_cache = target_lm.prefill(
         tparams, prompt_tokens, prompt_lengths, config=tcfg, cache_size=cache_size,
         tap_layers=dcfg.target_layer_ids, last_logits_only=True)
     first = sample_tokens(jax.random.fold_in(rng, 0x7FFFFFFF), logits[:, 0],
                           sampling.temperature, sampling.top_k, sampling.top_p)
     bsz = prompt_tokens.shape[0]
-    draft_cache = drafter_lm.init_draft_cache(dcfg, bsz, cache_size,
-                                              jax.tree.leaves(dparams)[0].dtype)
-    draft_cache = drafter_lm.append_context(dparams, taps, jnp.zeros((bsz,), jnp.int32),
-                                            draft_cache, drafter_config=dcfg)
-    n, b, steps = sampling.max_new_tokens, dcfg.block_size, max_spec_steps(sampling)
     lengths = prompt_lengths.astype(jnp.int32)
+    draft_cache = None
+    if trained is not None:
+        draft_cache = drafter_lm.init_draft_cache(trained, bsz, cache_size,
+                                                  jax.tree.leaves(dparams)[0].dtype)
+        draft_cache = drafter_lm.append_context(dparams, taps, jnp.zeros((bsz,), jnp.int32),
+                                                draft_cache, drafter_config=trained)
+        draft_cache = draft_cache.replace(lengths=lengths)
+    history = jnp.zeros((bsz, cache_size), jnp.int32)
+    history = history.at[:, :prompt_tokens.shape[1]].set(prompt_tokens.astype(jnp.int32))
+    history = _per_row_write(history, first[:, None].astype(jnp.int32), lengths)
+    n, b, steps = sampling.max_new_tokens, dcfg.block_size, max_spec_steps(sampling)
     return SpecState(
         step=jnp.int32(0), anchor=first, anchor_pos=lengths,
         done=_is_stop(first, sampling.stop_tokens) | (n <= 1),
@@ -293,7 +336,7 @@ def _spec_init(tparams, dparams, prompt_tokens: Array, prompt_lengths: Array, rn
         out=jnp.full((bsz, n + b), PAD_ID, jnp.int32).at[:, 0].set(first),
         accepted=jnp.full((bsz, steps), -1, jnp.int32),
         expected=jnp.zeros((bsz, steps), jnp.float32),
-        target_cache=target_cache, draft_cache=draft_cache.replace(lengths=lengths), rng=rng)
+        target_cache=target_cache, draft_cache=draft_cache, history=history, rng=rng)
 
 
 def spec_cache_size(prompt_width: int, sampling: SamplingConfig, block_size: int) -> int:

@@ -31,6 +31,8 @@ flags.DEFINE_string("experiment", "smollm2_dflash_baseline", "registered experim
 flags.DEFINE_multi_string("override", [], "key=value TrainConfig overrides")
 flags.DEFINE_string("workdir", "", "training workdir (budget_curve.jsonl lands here)")
 flags.DEFINE_integer("segment_steps", 50, "steps between held-out scores")
+flags.DEFINE_integer("checkpoint_every", 0, "steps between checkpoints (0: one per "
+                     "segment); a long segment loses at most this many steps to a kill")
 flags.DEFINE_float("budget_cpu_s", 1500.0, "stop after this many training CPU-seconds")
 flags.DEFINE_integer("max_steps", 100000, "the schedule's length (num_steps)")
 flags.DEFINE_string("validation_data", "corpora/smollm2_t1", "held-out corpus")
@@ -78,7 +80,8 @@ def train_curve() -> None:
     from dblast_jax.train import validation as V
 
     overrides = list(FLAGS.override) + [
-        f"num_steps={FLAGS.max_steps}", f"checkpoint_every={FLAGS.segment_steps}",
+        f"num_steps={FLAGS.max_steps}",
+        f"checkpoint_every={FLAGS.checkpoint_every or FLAGS.segment_steps}",
         "validate_every=0", "export=false"]
     cfg = TC.get_experiment(FLAGS.experiment, overrides)
     os.makedirs(FLAGS.workdir, exist_ok=True)
