@@ -237,13 +237,17 @@ class DrafterConfig:
 class NgramConfig:
     """Prompt-lookup drafting (vLLM's `ngram` method), run inside the on-device loop: the
     longest suffix of prompt + output of length max_n .. min_n that occurred before, and
-    the `block_size - 1` tokens that followed its latest occurrence. No parameters, no
+    the `block_size - 1` tokens that followed its latest occurrence; when no row of the
+    batch has such a suffix, the step verifies the anchor alone (a plain step). No parameters, no
     feature taps: the proposal is a function of the text so far, so it verifies as a
     one-hot Q at every temperature (exact)."""
 
     block_size: int = 8  # the anchor + block_size - 1 drafts (k = block_size - 1)
     max_n: int = 4
-    min_n: int = 1
+    # shorter suffixes propose nothing; a step where no row has a proposal is a plain
+    # one-token step. 2, not vLLM's 1: one-token matches are accepted too rarely to pay
+    # for a b-token verify on a compute-bound CPU (BENCHMARKS.md)
+    min_n: int = 2
     name: str = "ngram"
 
     def __post_init__(self):

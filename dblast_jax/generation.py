@@ -269,7 +269,7 @@ def load_drafter(path: str | os.PathLike, target: Target, dtype=jnp.float32) -> 
 NGRAM_SPEC = "ngram"
 
 
-def ngram_drafter(block_size: int = 8, max_n: int = 4, min_n: int = 1) -> Drafter:
+def ngram_drafter(block_size: int = 8, max_n: int = 4, min_n: int = 2) -> Drafter:
     """Prompt-lookup drafting (no parameters): `block_size - 1` drafts copied from the
     text after the latest earlier occurrence of its longest max_n..min_n-token suffix."""
     config = NgramConfig(block_size=block_size, max_n=max_n, min_n=min_n)
@@ -277,7 +277,7 @@ def ngram_drafter(block_size: int = 8, max_n: int = 4, min_n: int = 1) -> Drafte
 
 
 def combined_drafter(trained: Drafter, min_match: int = 2, max_n: int = 4,
-                     min_n: int = 1) -> Drafter:
+                     min_n: int = 2) -> Drafter:
     """`trained` plus the n-gram proposal: per step and row the n-gram drafts where the
     text's suffix matched at least `min_match` tokens, else the trained drafter's."""
     base = trained_drafter_config(trained.config)

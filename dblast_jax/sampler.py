@@ -183,10 +183,7 @@ def _spec_cond(state: SpecState, sampling: SamplingConfig) -> Array:
 
 def _draft(dparams, tparams, state: SpecState, keys, tcfg, dcfg, sampling: SamplingConfig):
     """Propose d_1..d_{b-1} per row and the dense proposal Q used to verify them: the
-    trained drafter's, the n-gram's (deterministic: Q = one-hot), or per row either."""
-    if isinstance(dcfg, NgramConfig):
-        drafts, _ = _ngram_drafts(state, dcfg)
-        return drafts, verify.one_hot_proposal(drafts, tcfg.vocab_size)
+    trained drafter's, or per row the n-gram's (deterministic: Q = one-hot)."""
     if isinstance(dcfg, CombinedDrafterConfig):
         ng_drafts, match = _ngram_drafts(state, dcfg.ngram)
         use_ngram = match >= dcfg.min_match  # [B]: a function of the text so far only
@@ -256,7 +253,25 @@ def _per_row_write(buf: Array, new: Array, starts: Array) -> Array:
 def _spec_body(state: SpecState, tparams, dparams, tcfg: TargetConfig, dcfg,
                sampling: SamplingConfig) -> SpecState:
     keys = step_keys(state.rng, state.step)
+    step = functools.partial(_verify_step, keys=keys, tparams=tparams, dparams=dparams,
+                             tcfg=tcfg, dcfg=dcfg, sampling=sampling)
+    if isinstance(dcfg, NgramConfig):
+        drafts, match = _ngram_drafts(state, dcfg)
+        proposal = verify.one_hot_proposal(drafts, tcfg.vocab_size)
+        # No active row found a suffix of min_n tokens to copy from: a plain one-token step
+        # (the anchor alone, no drafts), which on a compute-bound machine costs a fraction
+        # of verifying b tokens. The choice depends on the text so far only: still exact.
+        copy = jnp.any((match > 0) & jnp.logical_not(state.done))
+        return jax.lax.cond(copy, lambda s: step(s, drafts, proposal),
+                            lambda s: step(s, drafts[:, :0], proposal[:, :0]), state)
     drafts, proposal = _draft(dparams, tparams, state, keys, tcfg, dcfg, sampling)
+    return step(state, drafts, proposal)
+
+
+def _verify_step(state: SpecState, drafts: Array, proposal: Array, *, keys, tparams, dparams,
+                 tcfg: TargetConfig, dcfg, sampling: SamplingConfig) -> SpecState:
+    """Verify drafts [B, n] (n <= b - 1; 0 is a plain step) against their proposal
+    [B, n, V], emit the accepted prefix and one more token, and advance the caches."""
     block = jnp.concatenate([state.anchor[:, None], drafts], axis=1)  # [B, b]
     logits, taps, target_cache = target_lm.extend(
         tparams, block, state.anchor_pos, state.target_cache, config=tcfg,
@@ -270,7 +285,8 @@ def _spec_body(state: SpecState, tparams, dparams, tcfg: TargetConfig, dcfg,
     n = verdict.num_accepted
     b = block.shape[1]
     idx = jnp.arange(b, dtype=jnp.int32)[None, :]
-    padded = jnp.concatenate([drafts, jnp.full_like(drafts[:, :1], PAD_ID)], axis=1)
+    padded = jnp.concatenate([drafts, jnp.full((drafts.shape[0], 1), PAD_ID, drafts.dtype)],
+                             axis=1)
     emitted = jnp.where(idx < n[:, None], padded,
                         jnp.where(idx == n[:, None], verdict.next_token[:, None], PAD_ID))
     stop_hit = _is_stop(emitted, sampling.stop_tokens) & (idx <= n[:, None])

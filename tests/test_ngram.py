@@ -59,13 +59,16 @@ def test_propose_matches_a_python_reference(min_n, max_n):
 
 def _ngram_cases():
     cases = [("ngram", temp, 0, 1.0) for temp in (0.7, 1.0, 1.5)]
-    cases += [("ngram", 1.0, 3, 0.9), ("combined", 1.0, 0, 1.0), ("combined", 1.5, 3, 0.9)]
+    cases += [("ngram", 1.0, 3, 0.9), ("ngram_min2", 1.0, 0, 1.0), ("combined", 1.0, 0, 1.0),
+              ("combined", 1.5, 3, 0.9)]
     return cases
 
 
 def _drafter_for(kind, dc, block):
     if kind == "ngram":
         return NgramConfig(block_size=block, max_n=2, min_n=1)
+    if kind == "ngram_min2":  # most steps find no 2-token match: plain steps between copies
+        return NgramConfig(block_size=block, max_n=3, min_n=2)
     return CombinedDrafterConfig(dc, NgramConfig(block_size=block, max_n=2), min_match=2)
 
 
@@ -73,7 +76,7 @@ def _drafter_for(kind, dc, block):
 def test_ngram_drafting_is_lossless(tiny, kind, temperature, top_k, top_p):
     tc, tp, dc, dp = tiny
     config = _drafter_for(kind, dc, dc.block_size)
-    params = {} if kind == "ngram" else dp
+    params = dp if kind == "combined" else {}
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p,
                               max_new_tokens=NEW, verify_mode="sampled-branch")
     seqs, probs = exact_distribution(tc, tp, sampling)
@@ -153,7 +156,7 @@ def test_ngram_and_combined_through_the_generation_api():
     plain = G.generate(target, prompts, sampling, chat=False)
     drafters = G.named_drafters(["ng=ngram@n=3,k=4", "both=random-k2+ngram@match=3,min_n=2"],
                                 target)
-    assert drafters["ng"].config == NgramConfig(block_size=5, max_n=3, min_n=1)
+    assert drafters["ng"].config == NgramConfig(block_size=5, max_n=3, min_n=2)
     assert drafters["ng"].block_override == 5 and drafters["ng"].ngram_settings == {"max_n": 3}
     both = drafters["both"].config
     assert isinstance(both, CombinedDrafterConfig) and both.min_match == 3
@@ -167,6 +170,7 @@ def test_ngram_and_combined_through_the_generation_api():
 @pytest.mark.parametrize("spec,message", [
     ("a=ngram@n=0", "n must be an integer >= 1"),
     ("a=ngram@n=2,min_n=3", "min_n (3) must be <= max_n (2)"),
+    ("a=ngram@n=1", "min_n (2) must be <= max_n (1)"),
     ("a=ngram@k=4,block=8", "k=4 and block=8 disagree"),
     ("a=ngram@match=2", "match= applies to a combined drafter"),
     ("a=random-k2+ngram@match=5", "min_match (5) exceeds the n-gram's max_n (4)"),
