@@ -1,9 +1,11 @@
 """`dblast demo`: the whole method end to end on an embedded default, sized for a laptop CPU.
 
-fetch (model + benchmark files) -> regenerate a small corpus with the target's own
-answers -> train a K = 1 DFlash drafter and a K = 4 DBlast drafter (NLL + AL) for a few
-dozen steps -> evaluate both against plain decoding on a few prompts of each benchmark at
-three temperatures -> print the tau table and write plots.
+fetch (model + benchmark files) -> what ships, against plain decoding: the n-gram drafter,
+the drafters in pretrained/ and each combined with the n-gram (tokens/s side by side, and
+where speculative decoding wins on this machine) -> regenerate a small corpus with the
+target's own answers -> train a K = 1 DFlash drafter and a K = 4 DBlast drafter (NLL + AL)
+for a few dozen steps -> evaluate both against plain decoding on a few prompts of each
+benchmark at three temperatures -> print the tables and write plots.
 
 Every stage is one of the library's resumable jobs, so an interrupted demo continues
 where it stopped when run again with the same `--workdir`. The budget is tiny on purpose
@@ -26,7 +28,7 @@ from dblast_jax import registry
 from dblast_jax.config import DrafterSpec
 from dblast_jax.data import sources
 from dblast_jax.errors import parse_finite, read_json
-from dblast_jax.generation import drafter_from_spec, load_drafter, load_target, named_drafters
+from dblast_jax.generation import load_drafter, load_target, named_drafters
 from dblast_jax.io import fetch
 
 __all__ = ["DemoConfig", "DemoResult", "run_demo", "SMALL_BUDGET_NOTE"]
@@ -83,9 +85,14 @@ class DemoConfig:
     # extra NAME=FOLDER[@settings] drafters evaluated beside the freshly trained ones
     # (e.g. a drafter committed to the repository or fetched by a documented command)
     extra_drafters: tuple[str, ...] = ()
-    # also evaluate the drafters shipped in the repository for this target
-    # (pretrained/manifest.json: the reproduction's drafters, 1,000 steps on the full corpus)
+    # first, what ships against plain decoding (stage 2, eval_shipped/): the n-gram
+    # drafter (`ngram`), the drafters shipped in the repository for this target
+    # (`pretrained`, pretrained/manifest.json) and each of those combined with the n-gram
+    # (`ngram`), at these temperatures, on eval_prompts prompts of shipped_new_tokens
     pretrained: bool = True
+    ngram: bool = True
+    shipped_temperatures: tuple[float, ...] = (0.0, 0.7)
+    shipped_new_tokens: int = 96
     seed: int = 0
 
     @classmethod
@@ -94,7 +101,8 @@ class DemoConfig:
                    max_prompt_tokens=96, regen_batch_size=8, train_steps=3, train_batch_size=4,
                    seq_len=128, anchors_per_sequence=4, drafter=DEMO_DRAFTER.replace(
                        block_size=4), learning_rate=3e-3,
-                   temperatures=(0.7, 1.5), eval_prompts=1, eval_new_tokens=8)
+                   temperatures=(0.7, 1.5), eval_prompts=1, eval_new_tokens=8,
+                   shipped_new_tokens=8)
         return base.replace(**overrides)
 
     def replace(self, **changes) -> "DemoConfig":
@@ -163,16 +171,51 @@ def _train_config(config: DemoConfig, experiment: str, corpus: Path):
         feature_cache=str(Path(corpus).parent / "features"))  # one target pass per record
 
 
-def _summary(config: DemoConfig, results: dict, corpus: dict, seconds: dict,
-             shipped: Optional[dict] = None) -> str:
+def speedup_wins(table: dict) -> list[str]:
+    """One line per drafter of a speedup table: its macro speedup at each temperature, and
+    the benchmark cells where it beat plain decoding (ratio > 1), best first."""
+    lines = []
+    for row in table["rows"]:
+        macro = [f"{c.split('@')[1]} {row[c]:.2f}x" for c in table["columns"]
+                 if c.startswith("macro@") and row.get(c) is not None]
+        wins = sorted(((row[c], c) for c in table["columns"]
+                       if not c.startswith("macro@") and (row.get(c) or 0) > 1.0),
+                      reverse=True)
+        where = (", ".join(f"{c} {v:.2f}x" for v, c in wins) if wins
+                 else "no benchmark cell beats plain decoding")
+        lines.append(f"- {row['drafter']}: macro {', '.join(macro) or '-'}; wins: {where}")
+    return lines
+
+
+def _shipped_summary(config: DemoConfig, results: dict, shipped: dict) -> list[str]:
     from dblast_jax.evaluate import table_markdown  # startup: slow to import
     tables = results["tables"]
-    lines = [SMALL_BUDGET_NOTE.format(steps=config.train_steps, sequences=corpus["sequences"],
-                                      prompts=config.eval_prompts), ""]
-    if shipped:
-        lines += [f"{name}: shipped in pretrained/, not trained by this demo: "
-                  f"{entry.get('description', '')}" for name, entry in shipped.items()]
-        lines.append("")
+    lines = ["WHAT SHIPS, against plain decoding on this machine (same prompts and seeds, "
+             f"{config.eval_prompts} prompt(s) per benchmark, {config.shipped_new_tokens} "
+             "new tokens):"]
+    lines += [f"{name}: shipped in pretrained/: {entry.get('description', '')}"
+              for name, entry in shipped.items()]
+    if config.ngram:
+        lines.append("ngram: prompt lookup (copies the tokens that followed the latest earlier "
+                     "occurrence of the text's last 2-4 tokens); NAME+ngram: the shipped "
+                     "drafter where no such match exists")
+    lines += ["", "tau:", table_markdown(tables["tau"]), ""]
+    if "speedup" in tables:
+        lines += ["speedup over plain decoding (tokens/s ratio):",
+                  table_markdown(tables["speedup"]), "", "where speculative decoding wins:"]
+        lines += speedup_wins(tables["speedup"])
+    return lines + [""]
+
+
+def _summary(config: DemoConfig, results: dict, corpus: dict, seconds: dict,
+             shipped: Optional[dict] = None, shipped_results: Optional[dict] = None) -> str:
+    from dblast_jax.evaluate import table_markdown  # startup: slow to import
+    tables = results["tables"]
+    lines = []
+    if shipped_results is not None:
+        lines += _shipped_summary(config, shipped_results, shipped or {})
+    lines += [SMALL_BUDGET_NOTE.format(steps=config.train_steps, sequences=corpus["sequences"],
+                                       prompts=config.eval_prompts), ""]
     lines += ["tau (accepted drafts + 1 per target pass; higher is better):",
               table_markdown(tables["tau"]), ""]
     if "speedup" in tables:
@@ -230,12 +273,33 @@ def run_demo(config: DemoConfig = DemoConfig(), workdir: str | Path = "dblast_de
         log(f"\n== {name} (elapsed {time.perf_counter() - t_all:.0f} s)")
         return time.perf_counter()
 
-    t0 = stage("1/4 fetch the model and the benchmark / training-prompt files")
+    t0 = stage("1/5 fetch the model and the benchmark / training-prompt files")
     _fetch_inputs(config)
     target = load_target(config.model, dtype=jnp.float32)
     seconds["fetch+load"] = time.perf_counter() - t0
 
-    t0 = stage(f"2/4 regenerate a corpus: {config.corpus_prompts} training prompts answered "
+    shipped = shipped_drafters(config, log)
+    specs = [f"{name}={pretrained_lib.PREFIX}{name}" for name in shipped]
+    specs = (["ngram=ngram"] if config.ngram else []) + specs + (
+        [f"{name}+ngram={pretrained_lib.PREFIX}{name}+ngram" for name in shipped]
+        if config.ngram else [])
+    shipped_results = None
+    if specs:
+        names = ", ".join(spec.split("=")[0] for spec in specs)
+        temps = ", ".join(str(t) for t in config.shipped_temperatures)
+        t0 = stage(f"2/5 what ships against plain decoding: {names} at T = {temps}")
+        for name, entry in shipped.items():
+            log(f"-- pretrained drafter {name}: {entry.get('description', '')}")
+        shipped_results = run_evaluation(
+            target, named_drafters(specs, target), benchmarks=config.benchmarks,
+            temperatures=config.shipped_temperatures,
+            prompts_per_benchmark=config.eval_prompts,
+            max_new_tokens=config.shipped_new_tokens, out_dir=work / "eval_shipped",
+            seed=config.seed, progress=progress)
+        log("\n" + "\n".join(_shipped_summary(config, shipped_results, shipped)))
+        seconds["what ships"] = time.perf_counter() - t0
+
+    t0 = stage(f"3/5 regenerate a corpus: {config.corpus_prompts} training prompts answered "
                f"by {target.name} ({config.corpus_new_tokens} tokens max)")
     prompts, _ = training_work(None, None, shuffle_seed=config.seed)
     # the first corpus_prompts short prompts, so that every training window holds
@@ -255,7 +319,7 @@ def run_demo(config: DemoConfig = DemoConfig(), workdir: str | Path = "dblast_de
         f"({corpus['response_tokens']} response tokens) in {corpus_dir}")
     seconds["regenerate"] = time.perf_counter() - t0
 
-    t0 = stage(f"3/4 train {len(config.drafters)} drafters for {config.train_steps} steps each")
+    t0 = stage(f"4/5 train {len(config.drafters)} drafters for {config.train_steps} steps each")
     exports: dict[str, str] = {}
     for name, experiment in config.drafters:
         log(f"-- {name} ({experiment})")
@@ -269,17 +333,13 @@ def run_demo(config: DemoConfig = DemoConfig(), workdir: str | Path = "dblast_de
         exports[name] = result.export_path or str(work / name / "export")
     seconds["train"] = time.perf_counter() - t0
 
-    t0 = stage(f"4/4 evaluate against plain decoding: {config.eval_prompts} prompt(s) x "
+    t0 = stage(f"5/5 evaluate the drafters trained here against plain decoding: {config.eval_prompts} prompt(s) x "
                f"{len(config.benchmarks)} benchmarks x T = "
                f"{', '.join(str(t) for t in config.temperatures)}")
     drafters = {name: load_drafter(path, target) for name, path in exports.items()}
     for name, drafter in drafters.items():
         drafter.name = name
     drafters.update(named_drafters(list(config.extra_drafters), target))
-    shipped = shipped_drafters(config, log)
-    for name, entry in shipped.items():
-        log(f"-- pretrained drafter {name}: {entry.get('description', '')}")
-        drafters[name] = drafter_from_spec(pretrained_lib.PREFIX + name, target)
     results = run_evaluation(
         target, drafters, benchmarks=config.benchmarks, temperatures=config.temperatures,
         prompts_per_benchmark=config.eval_prompts, max_new_tokens=config.eval_new_tokens,
@@ -287,11 +347,12 @@ def run_demo(config: DemoConfig = DemoConfig(), workdir: str | Path = "dblast_de
     seconds["evaluate"] = time.perf_counter() - t0
     seconds["total"] = time.perf_counter() - t_all
 
-    summary = _summary(config, results, corpus, seconds, shipped)
+    summary = _summary(config, results, corpus, seconds, shipped, shipped_results)
     (work / "SUMMARY.md").write_text(summary + "\n")
     log("\n" + summary)
-    log(f"\nplots: {', '.join(str(p) for p in sorted((work / 'eval').glob('*.png')))}")
-    log(f"tables: {work / 'eval' / 'results.json'}, {work / 'eval' / 'results.csv'}")
+    folders = [work / "eval_shipped"] * (shipped_results is not None) + [work / "eval"]
+    log(f"\nplots: {', '.join(str(p) for f in folders for p in sorted(f.glob('*.png')))}")
+    log(f"tables: {', '.join(str(f / 'results.json') for f in folders)}")
     return DemoResult(str(work), corpus, exports, results, seconds, summary)
 
 

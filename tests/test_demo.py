@@ -25,14 +25,25 @@ def test_tiny_demo_end_to_end_and_resume(tiny_demo, monkeypatch):
         metrics = (work / name / "metrics.jsonl").read_text().splitlines()
         assert json.loads(metrics[-1])["step"] == config.train_steps
     cells = result.results["cells"]
-    methods = {"plain", "tiny-shipped"} | {n for n, _ in config.drafters}
+    methods = {"plain"} | {n for n, _ in config.drafters}
     want = {(m, b, t) for m in methods for b in config.benchmarks for t in config.temperatures}
     assert {(c["method"], c["benchmark"], float(c["temperature"])) for c in cells} == want
-    for c in cells:
-        if c["method"] != "plain":
-            assert 1.0 <= c["tau"] <= config.drafter.block_size and c["steps"] > 0
+    # what ships comes first, in its own folder: plain, the n-gram drafter, the shipped
+    # drafter and the two combined, at the shipped temperatures (T = 0 included)
+    shipped = json.loads((work / "eval_shipped" / "results.json").read_text())["cells"]
+    methods = {"plain", "ngram", "tiny-shipped", "tiny-shipped+ngram"}
+    assert {(c["method"], c["benchmark"], float(c["temperature"])) for c in shipped} == {
+        (m, b, t) for m in methods for b in config.benchmarks
+        for t in config.shipped_temperatures}
+    for c in cells + shipped:
+        if c["method"] != "plain":  # n-gram drafting: blocks of 8 (its default)
+            block = 8 if c["method"] == "ngram" else config.drafter.block_size
+            assert 1.0 <= c["tau"] <= block and c["steps"] > 0
     assert len(list((work / "eval").glob("*.png"))) == 3
     assert "SMALL-BUDGET DEMO" in result.summary and "| dblast_k4 |" in result.summary
+    assert result.summary.index("WHAT SHIPS") < result.summary.index("SMALL-BUDGET DEMO")
+    assert "where speculative decoding wins:" in result.summary
+    assert "- tiny-shipped+ngram: macro T0.0 " in result.summary
     assert "tiny-shipped: shipped in pretrained/" in result.summary
     assert (work / "SUMMARY.md").read_text().strip() == result.summary.strip()
     assert any("corpus:" in line for line in logs)
