@@ -294,8 +294,8 @@ def measure_plain(name, tc, tparams, batch, args, rec):
 def drafter_config_for(prefix: str, k: int, tc: TargetConfig, args):
     exp = f"{prefix}_k1_al" if k == 1 else f"{prefix}_dblast_k{k}_al"
     over = [f"block_size={args.block}"]
-    if args.tiny:
-        over += ["drafter_layers=1", "mask_token_id=-1"]
+    if args.tiny:  # the tiny stand-ins have 3 layers: DFlash's default tap, not the recipe's
+        over += ["drafter_layers=1", "mask_token_id=-1", "drafter.target_layer_ids=none"]
     return get_experiment(exp, over).drafter_config(tc)
 
 
@@ -418,7 +418,7 @@ def measure_train(tc, tparams, args, rec, device_kind):
     over = list(args.train_overrides)
     if args.tiny:
         over += ["drafter_layers=1", "mask_token_id=-1", "logits_chunk_size=64",
-                 "logits_row_chunk_size=0"]
+                 "logits_row_chunk_size=0", "drafter.target_layer_ids=none"]
     config = get_experiment(args.train_experiment,
                             over + [f"grad_accum_steps={args.train_accum}"])
     # What does not fit one device is retried, in this order: the same step (same

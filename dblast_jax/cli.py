@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from typing import Optional, Sequence
@@ -118,6 +119,18 @@ def _cmd_fetch(args) -> int:
     return 0
 
 
+def json_safe(value):
+    """`value` with every non-finite float (nan, inf) replaced by None: JSON parsers reject
+    the bare NaN that json.dumps writes by default."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
 def _cmd_generate(args) -> int:
     dtype = dtype_from_name(args.dtype)
     mesh = generation.parse_mesh(args.mesh)
@@ -136,10 +149,11 @@ def _cmd_generate(args) -> int:
     else:
         result = generation.generate(target, prompts, sampling, rng=args.seed,
                                      chat=not args.no_chat, warmup=args.warmup)
-    if args.json:
-        print(json.dumps({"model": target.name, "drafter": args.drafter, "prompts": prompts,
-                          "text": result.text, "tokens": result.tokens,
-                          "timing": result.timing, "stats": result.stats}, indent=1))
+    if args.json:  # strict JSON: undefined statistics (nan) are null
+        print(json.dumps(json_safe({"model": target.name, "drafter": args.drafter,
+                                    "prompts": prompts, "text": result.text,
+                                    "tokens": result.tokens, "timing": result.timing,
+                                    "stats": result.stats}), indent=1, allow_nan=False))
         return 0
     for prompt, text in zip(prompts, result.text):
         print(f">>> {prompt}\n{text}\n")

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -74,3 +76,18 @@ def test_roofline_tables_and_decode_bytes():
     tc = TargetConfig.smollm2_135m()
     kv_values = 8 * 256 * tc.num_layers * 2 * tc.num_kv_heads * tc.head_dim
     assert bench.decode_step_bytes(tc, 8, 256, 1000) == 2 * (1000 + kv_values)
+
+
+@pytest.mark.slow
+def test_the_documented_tiny_dry_run_passes(tmp_path):
+    """Exactly BENCHMARKS.md's CPU dry run (`--tiny` alone: both stand-ins, the SmolLM2
+    recipe's five taps swapped for the 3-layer stand-in's default tap); ~45 s here."""
+    out = tmp_path / "tiny.json"
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/bench_accelerator.py", "--tiny", "--out", str(out)],
+        cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True,
+        timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rec = json.loads(out.read_text())
+    assert rec["skipped"] == []
+    assert {r["model"] for r in rec["plain_decode"]} == {"tiny-llama", "tiny-qwen3"}

@@ -290,3 +290,25 @@ def test_raw_safetensors_error_names_the_file(tmp_path):
     assert type(info.value).__name__ == "SafetensorError"
     message = errors.describe(info.value)
     assert message.startswith(f"cannot read {path}: ") and "re-export or restore" in message
+
+
+# ---- silent no-ops and non-JSON output (issue 33, cases 5 and 8) -----------------------------
+
+@pytest.mark.parametrize("stop", ["-5", "0"])
+def test_stop_at_below_one_is_refused_before_anything_is_written(tmp_path, capsys, stop):
+    rc = cli.main(["train", "--workdir", str(tmp_path / "run"), "--experiment", "tiny_dflash",
+                   "--stop-at", stop])
+    assert rc == 2
+    _one_line_error(capsys, f"must be a step >= 1, got {stop}")
+    assert not (tmp_path / "run").exists()
+
+
+def test_generate_json_writes_null_for_undefined_statistics(capsys):
+    """One new token: no speculative step ran, so tau is undefined (nan): null, not NaN."""
+    rc = cli.main(["generate", "--model", "tiny-smollm2", "--drafter", "ngram",
+                   "--max-new-tokens", "1", "--json", "--prompt", "A", "--prompt", "B"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out,
+                     parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+    assert out["stats"]["steps"] == 0 and out["stats"]["tau"] is None
+    assert len(out["tokens"]) == 2

@@ -575,6 +575,7 @@ class Trainer:
         """Train to config.num_steps (or `stop_at`, saving a checkpoint there, as a
         graceful preemption would). Returns the logged history of this run."""
         cfg = self.config
+        check_stop_at(stop_at)
         end = cfg.num_steps if stop_at is None else min(int(stop_at), cfg.num_steps)
         step = self.start_step
         history: list[dict[str, Any]] = []
@@ -777,10 +778,18 @@ class Trainer:
             lock.release()
 
 
+def check_stop_at(stop_at: Optional[int]) -> None:
+    """A stop step must be a step number: 0 or less would train nothing and exit 0."""
+    if stop_at is not None and int(stop_at) < 1:
+        raise ValueError(f"stop_at (--stop-at / --stop_at) must be a step >= 1, got {stop_at}; "
+                         "omit it to train to the schedule's end")
+
+
 def train(config: TrainConfig, workdir: str, *, target: Any = None, data: Any = None,
           mesh: Optional[Mesh] = None, stop_at: Optional[int] = None, progress: bool = True,
           **kw) -> TrainResult:
     """Build a Trainer, run it, close it."""
+    check_stop_at(stop_at)  # before the Trainer touches the workdir
     trainer = Trainer(config, workdir, target=target, data=data, mesh=mesh, progress=progress,
                       **kw)
     try:
