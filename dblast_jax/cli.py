@@ -217,16 +217,22 @@ def _cmd_eval(args) -> int:
     mesh = local_mesh(args.mesh)  # this process's devices: each decodes its own units
     target = generation.load_target(args.model)
     drafters = generation.named_drafters(args.drafter, target, jnp.float32)
+    families = None
+    if args.blocks:
+        drafters, families = generation.block_variants(drafters, args.blocks)
     drafters = {name: generation.on_mesh(d, mesh) for name, d in drafters.items()}
     target = generation.on_mesh(target, mesh)
     results = run_evaluation(
         target, drafters, benchmarks=args.benchmarks, temperatures=args.temperatures,
         prompts_per_benchmark=args.prompts_per_benchmark, max_new_tokens=args.max_new_tokens,
         out_dir=args.out, baseline=args.baseline, seed=args.seed, verify_mode=args.verify_mode,
-        batch_size=args.batch_size, progress=not args.no_progress)
+        batch_size=args.batch_size, progress=not args.no_progress, block_families=families)
     if pid != 0:  # process 0 merged the rows and wrote the results
         return 0
     print(table_markdown(results["tables"]["tau"]))
+    if "best_block" in results["tables"]:
+        print("best block per drafter (macro speedup over plain decoding, this machine):")
+        print(table_markdown(results["tables"]["best_block"]))
     print(f"results, tables and plots in {args.out}")
     return 0
 
@@ -348,7 +354,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "pretrained:NAME, a shipped drafter, or a training workdir, its latest "
                    "checkpoint on any devices; NAME=random-kN for an untrained one; "
                    "'@' settings override --verify-mode / Z_T per name; @block=N drafts a "
-                   "shorter block than the drafter was trained with)")
+                   "shorter block than the drafter was trained with; NAME=ngram[@n=4,k=7] "
+                   "prompt lookup; NAME=FOLDER+ngram[@match=2] a trained drafter with "
+                   "n-gram drafts where the text's suffix matched)")
+    p.add_argument("--blocks", type=int, nargs="+", default=None, metavar="N",
+                   help="also evaluate each drafter at these blocks (NAME_blockN; trained "
+                   "drafters up to their own) and report, per drafter and temperature, the "
+                   "block with the most tokens/s on this machine")
     p.add_argument("--baseline", help="drafter NAME the gains are relative to")
     p.add_argument("--benchmarks", nargs="+",
                    default=["humaneval", "mt-bench", "gsm8k", "creative-writing"])

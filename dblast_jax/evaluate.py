@@ -209,6 +209,31 @@ def build_table(cells: Sequence[Mapping[str, Any]], baseline: Optional[str] = No
     return {"metric": metric, "baseline": baseline, "columns": columns, "rows": rows}
 
 
+def best_block_table(cells: Sequence[Mapping[str, Any]],
+                     families: Mapping[str, Mapping[int, str]]) -> dict:
+    """Per drafter (a family of one drafter evaluated at several blocks) and temperature:
+    the block whose macro speedup over plain decoding was highest in this run, on this
+    machine (the verify pass's cost per token differs between machines, so does the best
+    block), with that speedup."""
+    speed = {r["drafter"]: r for r in build_table(cells, None, "speedup")["rows"]}
+    temps = sorted({float(c["temperature"]) for c in cells})
+    columns = [f"{kind}@T{temperature_key(t)}" for t in temps
+               for kind in ("best_block", "speedup")]
+    rows = []
+    for family, blocks in sorted(families.items()):
+        row: dict[str, Any] = {"drafter": family}
+        for t in temps:
+            col = f"macro@T{temperature_key(t)}"
+            scored = [(speed[m][col], int(b)) for b, m in blocks.items()
+                      if m in speed and speed[m].get(col) is not None]
+            if scored:
+                value, block = max(scored)
+                row[f"best_block@T{temperature_key(t)}"] = block
+                row[f"speedup@T{temperature_key(t)}"] = value
+        rows.append(row)
+    return {"metric": "best_block", "baseline": None, "columns": columns, "rows": rows}
+
+
 def _fmt(value: Any, column: str) -> str:
     if value is None:
         return "-"
@@ -255,6 +280,9 @@ def write_tables(cells: Sequence[Mapping[str, Any]], out_dir: str | Path,
     out.mkdir(parents=True, exist_ok=True)
     tables = {m: build_table(cells, baseline, m)
               for m in ("tau", "tau_se", "tau_expected", "speedup")}
+    families = (meta or {}).get("block_families")
+    if families:
+        tables["best_block"] = best_block_table(cells, families)
     result = {"meta": dict(meta or {}), "baseline": baseline, "cells": list(cells),
               "tables": tables}
     (out / "results.json").write_text(json.dumps(result, indent=1, sort_keys=True))
@@ -263,7 +291,9 @@ def write_tables(cells: Sequence[Mapping[str, Any]], out_dir: str | Path,
               "tau_se": "Standard error of tau (from the accepted-count histograms; macro: "
                         "combined in quadrature)",
               "tau_expected": "Expected tau (exact expectation of the same drafts)",
-              "speedup": "Speedup vs plain decoding (tokens/s ratio)"}
+              "speedup": "Speedup vs plain decoding (tokens/s ratio)",
+              "best_block": "The block with the most tokens/s per drafter (macro speedup "
+                            "over plain decoding, this machine)"}
     md = []
     for m, table in tables.items():
         md += [f"## {titles[m]}\n", table_markdown(table)]
@@ -563,6 +593,7 @@ def _run_evaluation(target, drafters: Mapping[str, Any], *,
                    warmup: bool = True,
                    plots: bool = True,
                    tensorboard: bool = True,
+                   block_families: Optional[Mapping[str, Mapping[int, str]]] = None,
                    _setup_error: Optional[Exception] = None) -> Optional[dict]:
     """Evaluate `drafters` against plain decoding of `target`; resumable.
 
@@ -700,6 +731,9 @@ def _run_evaluation(target, drafters: Mapping[str, Any], *,
         float(r["temperature"])), order[r["method"]],
         min(pos[r["benchmark"]][p] for p in r["prompt_ids"])))
     cells = aggregate(kept)
+    if block_families:  # one drafter at several blocks (generation.block_variants)
+        meta["block_families"] = {f: {str(b): m for b, m in blocks.items()}
+                                  for f, blocks in block_families.items()}
     meta = dict(meta, benchmarks=list(sets), temperatures=temps, drafters=list(drafters),
                 method_settings={n: method_settings.get(n, {}) for n in drafters})
     result = write_tables(cells, out, baseline, meta)

@@ -455,6 +455,33 @@ def named_drafters(specs: Sequence[str], target: Target, dtype=jnp.float32) -> d
     return drafters
 
 
+def block_variants(drafters: dict, blocks: Sequence[int]) -> tuple[dict, dict]:
+    """Each drafter also at each of `blocks` (named NAME_blockN; a trained drafter only at
+    blocks up to its own, n-gram drafting at any), for `dblast eval --blocks`: returns the
+    widened {name: Drafter} and the families {NAME: {block: name}} whose best block the
+    evaluation reports."""
+    out: dict = {}
+    families: dict = {}
+    for name, drafter in drafters.items():
+        own = drafter.config.block_size
+        family = {own: name}
+        out[name] = drafter
+        for block in sorted(set(int(b) for b in blocks)):
+            if block < 2:
+                raise ValueError(f"--blocks: a block must be >= 2 (the anchor and one "
+                                 f"draft), got {block}")
+            fits = isinstance(drafter.config, NgramConfig) or block <= own
+            if block == own or not fits:
+                continue
+            variant = f"{name}_block{block}"
+            if variant in drafters:
+                raise ValueError(f"--blocks: {variant!r} is already a drafter name")
+            out[variant] = with_block_size(dataclasses.replace(drafter, name=variant), block)
+            family[block] = variant
+        families[name] = dict(sorted(family.items()))
+    return out, families
+
+
 def export_drafter(drafter: Drafter, path: str | os.PathLike, format: str = "dflash",
                    dtype: str = "float32", *, force: bool = False) -> Path:
     """Write `drafter` as a DFlash folder at `path` (see io.dflash.export_drafter): into

@@ -322,3 +322,42 @@ def test_evaluation_variants_share_a_drafter_and_use_their_own_settings(tmp_path
                                  target)
     with pytest.raises(ValueError, match="method k2_mix"):
         ev.run_evaluation(target, changed, **kwargs)
+
+
+def test_best_block_table_picks_the_fastest_block_per_temperature():
+    cells = []
+    speeds = {("d", 0.0): 1.2, ("d_block4", 0.0): 1.5, ("d_block2", 0.0): 1.1,
+              ("d", 0.7): 0.9, ("d_block4", 0.7): 0.8, ("d_block2", 0.7): 1.0}
+    for (method, temp), speed in speeds.items():
+        for bench, scale in (("a", 1.0), ("b", 1.2)):  # macro = mean over benchmarks
+            cells.append({"method": method, "benchmark": bench, "temperature": temp,
+                          "speedup": speed * scale})
+    table = ev.best_block_table(cells, {"d": {8: "d", 4: "d_block4", 2: "d_block2"}})
+    assert table["columns"] == ["best_block@T0.0", "speedup@T0.0", "best_block@T0.7",
+                                "speedup@T0.7"]
+    (row,) = table["rows"]
+    assert (row["best_block@T0.0"], row["best_block@T0.7"]) == (4, 2)
+    assert row["speedup@T0.0"] == pytest.approx(1.5 * 1.1)
+    assert "| d | 4 | 1.650 | 2 | 1.100 |" in ev.table_markdown(table)
+
+
+def test_block_variants_and_the_best_block_report(tmp_path):
+    import dblast_jax.generation as gen
+
+    target = gen.load_target("tiny-qwen3")
+    drafters = gen.named_drafters(["ng=ngram@k=3", "r=random-k2"], target)
+    widened, families = gen.block_variants(drafters, [2, 6, 8])
+    # n-gram drafting takes any block; the random drafter (block 8) only shorter ones
+    assert families == {"ng": {2: "ng_block2", 4: "ng", 6: "ng_block6", 8: "ng_block8"},
+                        "r": {2: "r_block2", 6: "r_block6", 8: "r"}}
+    assert widened["r_block6"].config.block_size == 6 and widened["r_block6"].block_override == 6
+    with pytest.raises(ValueError, match="must be >= 2"):
+        gen.block_variants(drafters, [1])
+    result = ev.run_evaluation(target, widened, prompt_sets={"toy": [[3, 14, 15, 92, 65]]},
+                               temperatures=(0.0,), max_new_tokens=6, out_dir=tmp_path / "ev",
+                               progress=False, warmup=False, plots=False,
+                               block_families=families)
+    rows = {r["drafter"]: r for r in result["tables"]["best_block"]["rows"]}
+    assert rows["ng"]["best_block@T0.0"] in (2, 4, 6, 8)
+    assert rows["r"]["best_block@T0.0"] in (2, 6, 8)
+    assert "The block with the most tokens/s" in (tmp_path / "ev" / "results.md").read_text()
