@@ -6,8 +6,14 @@
                  driven from Python (tiny models, batch 1).
   e2e          : speculative vs plain tokens/s on the real target, with tau beside it.
                  An untrained (random) drafter shows the overhead floor.
+  draft-vocab  : the cost of one speculative step (draft pass + verify pass over b
+                 tokens) against one plain decode step, with the drafter's full LM head
+                 and with draft-time vocabularies of N tokens (--draft-vocab), for a
+                 drafter that ships its token counts (e.g. pretrained:smollm2-dflash-k1).
 
     python benchmarks/bench_speculative.py --parts drafter-cost loop e2e
+    python benchmarks/bench_speculative.py --parts draft-vocab \
+        --drafter pretrained:smollm2-dflash-k1 --batch 1 8 --draft-vocab 4096 8192 16384
 """
 
 from __future__ import annotations
@@ -22,9 +28,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dblast_jax import draft_vocab as DV
 from dblast_jax.config import DrafterConfig, SamplingConfig, TargetConfig
-from dblast_jax.generation import (acceptance_stats, encode_prompts, init_drafter, load_drafter,
-                                   load_target)
+from dblast_jax.generation import (acceptance_stats, drafter_from_spec, encode_prompts,
+                                   init_drafter, load_drafter, load_target, with_draft_vocab)
 from dblast_jax.models import drafter as D
 from dblast_jax.models import target as T
 from dblast_jax.sampler import (cache_size_for, generate_tokens, pad_prompts,
@@ -88,6 +95,51 @@ def drafter_cost(target, block, batches, repeats):
                              "draft_ms": 1e3 * t, "verify_ms": 1e3 * t_verify,
                              "ratio": t / t_verify})
                 print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def draft_vocab_cost(target, drafter, sizes, batches, repeats):
+    """ms of a plain decode step, a verify pass over the drafter's block and its draft
+    pass (argmax drafts: one K = 1 branch) with the full head and each draft vocabulary,
+    timed side by side; step_over_plain = (draft + verify) / plain decode."""
+    rows = []
+    tc, dcfg = target.config, drafter.config
+    block, cache_len, ctx = dcfg.block_size, 256, 64
+    variants = [("full", drafter)] + [(str(n), with_draft_vocab(drafter, target, n))
+                                      for n in sizes]
+    for batch in batches:
+        tokens = jnp.ones((batch, ctx), jnp.int32)
+        lengths = jnp.full((batch,), ctx, jnp.int32)
+        _, taps, tcache = T.prefill(target.params, tokens, lengths, config=tc,
+                                    cache_size=cache_len, tap_layers=dcfg.target_layer_ids)
+        extend = jax.jit(functools.partial(T.extend, config=tc))
+        pos = jnp.full((batch,), ctx, jnp.int32)
+        anchor = jnp.ones((batch,), jnp.int32)
+        t_plain = median_time(lambda: extend(target.params, anchor[:, None], pos, tcache)[0],
+                              repeats)
+        t_verify = median_time(lambda: extend(target.params, jnp.ones((batch, block),
+                                                                      jnp.int32), pos,
+                                              tcache)[0], repeats)
+        dcache = D.init_draft_cache(dcfg, batch, cache_len)
+        dcache = D.append_context(drafter.params, taps, jnp.zeros((batch,), jnp.int32),
+                                  dcache, drafter_config=dcfg)
+
+        @jax.jit
+        def draft(dp, tp, cache):
+            core, dv = DV.split(dp)
+            hidden, prior = D.draft_hidden(core, tp, anchor, pos, cache, drafter_config=dcfg,
+                                           target_config=tc)
+            h = D.select_branch(hidden, jnp.argmax(prior, -1))
+            return DV.to_target_ids(dv, jnp.argmax(DV.draft_logits(tp, dv, h, tc), -1))
+
+        for name, variant in variants:
+            t_draft = median_time(lambda: draft(variant.params, target.params, dcache),
+                                  repeats)
+            rows.append({"part": "draft-vocab", "batch": batch, "block": block,
+                         "draft_vocab": name, "plain_step_ms": 1e3 * t_plain,
+                         "verify_ms": 1e3 * t_verify, "draft_ms": 1e3 * t_draft,
+                         "step_over_plain": (t_draft + t_verify) / t_plain})
+            print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
@@ -158,15 +210,20 @@ def main():
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--loop-steps", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--draft-vocab", type=int, nargs="+", default=[4096, 8192, 16384],
+                        help="draft-vocab part: the vocabulary sizes to time")
     parser.add_argument("--json", help="also write all rows here")
     args = parser.parse_args()
 
     rows = []
     target = None
-    if "drafter-cost" in args.parts or "e2e" in args.parts:
+    if {"drafter-cost", "e2e", "draft-vocab"} & set(args.parts):
         target = load_target(args.model)
     if "drafter-cost" in args.parts:
         rows += drafter_cost(target, args.block, args.batch, args.repeats)
+    if "draft-vocab" in args.parts:
+        rows += draft_vocab_cost(target, drafter_from_spec(args.drafter, target),
+                                 args.draft_vocab, args.batch, args.repeats)
     if "loop" in args.parts:
         rows += loop_overhead(args.loop_steps, args.repeats)
     if "e2e" in args.parts:

@@ -192,14 +192,22 @@ def _cmd_train(args) -> int:
 def _cmd_export(args) -> int:
     from dblast_jax.train.restore import export_workdir, is_training_workdir  # startup
 
-    if is_training_workdir(args.source):
+    with_vocab = args.token_counts_from or args.draft_vocab is not None
+    if is_training_workdir(args.source) and not with_vocab:
         # its latest checkpoint's drafter, restored onto the devices present (any count:
         # not the training mesh's); no training data or target weights are read
         export_workdir(args.source, args.out, dtype=args.dtype, force=args.force,
                        mesh=generation.parse_mesh(args.mesh))  # logs "exported drafter to ..."
-    else:  # an existing export / DFlash folder / pretrained:NAME: re-export (e.g. bfloat16)
+    else:  # an export / DFlash folder / pretrained:NAME (re-export, e.g. bfloat16), or
+        # token counts / a draft vocabulary, which need the target's vocabulary and head
         target = generation.load_target(args.target)
         drafter = generation.drafter_from_spec(args.source, target)
+        if args.token_counts_from:  # before anything is written: a bad corpus loses nothing
+            from dblast_jax import draft_vocab
+            drafter.token_counts = draft_vocab.count_corpus_tokens(
+                args.token_counts_from, target.config.vocab_size)
+        if args.draft_vocab is not None:
+            drafter = generation.with_draft_vocab(drafter, target, args.draft_vocab)
         path = generation.export_drafter(drafter, args.out, dtype=args.dtype or "float32",
                                          force=args.force)
         print(f"exported drafter to {path}")
@@ -341,6 +349,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write modeling_dblast.py and config.json's auto_map, so that "
                         "transformers' AutoModel.from_pretrained(OUT, trust_remote_code=True) "
                         "loads a drafter with spec_generate")
+    p.add_argument("--token-counts-from", metavar="CORPUS",
+                   help="count the response tokens of this corpus folder / .jsonl (the "
+                        "drafter's training data) into OUT/token_counts.npy, the ranking "
+                        "that `@draft_vocab=N` specs take their tokens from")
+    p.add_argument("--draft-vocab", type=int, metavar="N",
+                   help="write the drafter with a draft-time vocabulary of its N most "
+                        "frequent response tokens, in vLLM's fields (draft_vocab_size, "
+                        "d2t, t2d, lm_head.weight); loaders then draft over those N")
     p.add_argument("--mesh", metavar="DATA,FSDP,TENSOR",
                    help="for a training workdir: the device mesh to restore its checkpoint "
                         "onto (e.g. 1,-1,1); default: the training mesh if the devices "

@@ -478,6 +478,8 @@ def _method_settings(drafter) -> dict:
     `@block=N` when it drafts a shorter block than it was trained with."""
     block = getattr(drafter, "block_override", None)
     settings = dict(_overrides(drafter), **(getattr(drafter, "ngram_settings", None) or {}))
+    if getattr(drafter, "draft_vocab", None) is not None:  # a draft-time vocabulary
+        settings["draft_vocab"] = drafter.draft_vocab
     return settings if block is None else dict(settings, block=block)
 
 

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from dblast_jax import ngram, verify
+from dblast_jax import draft_vocab, ngram, verify
 from dblast_jax.config import (CombinedDrafterConfig, NgramConfig, SamplingConfig, TargetConfig,
                                trained_drafter_config)
 from dblast_jax.models import drafter as drafter_lm
@@ -209,39 +209,43 @@ def _ngram_drafts(state: SpecState, config: NgramConfig) -> tuple[Array, Array]:
 
 def _trained_draft(dparams, tparams, state: SpecState, keys, tcfg, dcfg,
                    sampling: SamplingConfig):
+    """The trained drafter's drafts [B, b-1] and dense proposal [B, b-1, V]. With a
+    draft-time vocabulary (`draft_vocab.attach`) every q is the softmax over its N ids and
+    0 elsewhere: drawn from and verified against that same q (exact)."""
     k_cat, k_draft = keys[0], keys[1]
-    hidden, prior = drafter_lm.draft_hidden(dparams, tparams, state.anchor, state.anchor_pos,
+    core, dv = draft_vocab.split(dparams)
+    hidden, prior = drafter_lm.draft_hidden(core, tparams, state.anchor, state.anchor_pos,
                                             state.draft_cache, drafter_config=dcfg,
                                             target_config=tcfg)
     draw_logp = jax.nn.log_softmax(prior.astype(jnp.float32) / sampling.category_temperature,
                                    axis=-1)  # [B, K]: pi', the law z is drawn from
     z = jax.random.categorical(k_cat, draw_logp, axis=-1)
     vocab = tcfg.vocab_size
+    head = lambda h: draft_vocab.draft_logits(tparams, dv, h, tcfg)  # [.., N] (N = V: full)
     sampled = sampling.temperature > 0  # at T = 0 every mode drafts argmaxes
     if sampling.verify_mode == "sampled-mixture" and sampled:
         # d ~ q(. | z) like sampled-branch, verified against the mixture's conditionals
-        all_logits = drafter_lm.branch_logits(tparams, hidden, tcfg)  # [B, K, b-1, V]
-        log_q = jax.nn.log_softmax(all_logits.astype(jnp.float32) / sampling.draft_temperature,
-                                   axis=-1)
+        log_q = jax.nn.log_softmax(head(hidden) / sampling.draft_temperature,
+                                   axis=-1)  # [B, K, b-1, N]
         log_q_z = jnp.take_along_axis(log_q, z[:, None, None, None], axis=1)[:, 0]
-        drafts = jax.random.categorical(k_draft, log_q_z, axis=-1).astype(jnp.int32)
-        proposal = verify.mixture_proposal(None, jnp.exp(log_q), drafts, jnp.exp(draw_logp),
-                                           vocab)
+        drafts = draft_vocab.to_target_ids(
+            dv, jax.random.categorical(k_draft, log_q_z, axis=-1))
+        proposal = verify.mixture_proposal(
+            None, draft_vocab.to_target_probs(dv, jnp.exp(log_q), vocab), drafts,
+            jnp.exp(draw_logp), vocab)
         return drafts, proposal
     if sampling.verify_mode in ("mixture", "sampled-mixture"):
-        all_logits = drafter_lm.branch_logits(tparams, hidden, tcfg)  # [B, K, b-1, V]
-        branch_tokens = jnp.argmax(all_logits, axis=-1).astype(jnp.int32)
+        branch_tokens = draft_vocab.to_target_ids(dv, jnp.argmax(head(hidden), axis=-1))
         drafts = jnp.take_along_axis(branch_tokens, z[:, None, None], axis=1)[:, 0]
         proposal = verify.mixture_proposal(branch_tokens, None, drafts, jnp.exp(draw_logp),
                                            vocab)
         return drafts, proposal
-    logits = drafter_lm.branch_logits(tparams, drafter_lm.select_branch(hidden, z), tcfg)
+    logits = head(drafter_lm.select_branch(hidden, z))  # [B, b-1, N]
     if sampling.verify_mode == "sampled-branch" and sampled:
-        log_q = jax.nn.log_softmax(logits.astype(jnp.float32) / sampling.draft_temperature,
-                                   axis=-1)
-        drafts = jax.random.categorical(k_draft, log_q, axis=-1).astype(jnp.int32)
-        return drafts, jnp.exp(log_q)
-    drafts = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        log_q = jax.nn.log_softmax(logits / sampling.draft_temperature, axis=-1)
+        drafts = draft_vocab.to_target_ids(dv, jax.random.categorical(k_draft, log_q, axis=-1))
+        return drafts, draft_vocab.to_target_probs(dv, jnp.exp(log_q), vocab)
+    drafts = draft_vocab.to_target_ids(dv, jnp.argmax(logits, axis=-1))
     return drafts, verify.one_hot_proposal(drafts, vocab)
 
 
@@ -304,8 +308,9 @@ def _verify_step(state: SpecState, drafts: Array, proposal: Array, *, keys, tpar
     new_pos = jnp.where(active, state.anchor_pos + n + 1, state.anchor_pos)
     draft_cache = None
     if trained is not None:
-        draft_cache = drafter_lm.append_context(dparams, taps, state.anchor_pos,
-                                                state.draft_cache, drafter_config=trained)
+        draft_cache = drafter_lm.append_context(draft_vocab.split(dparams)[0], taps,
+                                                state.anchor_pos, state.draft_cache,
+                                                drafter_config=trained)
         draft_cache = draft_cache.replace(lengths=new_pos)
     target_cache = target_cache.replace(lengths=new_pos)
     step_col = lambda buf, val, fill: jax.lax.dynamic_update_slice(
@@ -336,9 +341,10 @@ def _spec_init(tparams, dparams, prompt_tokens: Array, prompt_lengths: Array, rn
     lengths = prompt_lengths.astype(jnp.int32)
     draft_cache = None
     if trained is not None:
+        core, _ = draft_vocab.split(dparams)  # the draft vocabulary is for drafting only
         draft_cache = drafter_lm.init_draft_cache(trained, bsz, cache_size,
-                                                  jax.tree.leaves(dparams)[0].dtype)
-        draft_cache = drafter_lm.append_context(dparams, taps, jnp.zeros((bsz,), jnp.int32),
+                                                  jax.tree.leaves(core)[0].dtype)
+        draft_cache = drafter_lm.append_context(core, taps, jnp.zeros((bsz,), jnp.int32),
                                                 draft_cache, drafter_config=trained)
         draft_cache = draft_cache.replace(lengths=lengths)
     history = jnp.zeros((bsz, cache_size), jnp.int32)

@@ -44,6 +44,10 @@ DRAFTER_RULES: tuple[tuple[str, P], ...] = (
     (r"^expander/out_kernel$", P(None, "tensor", "fsdp")),
     (r"^prior/kernel$", P("fsdp", None)),
     (r"(^|/)scale$|^mask_embedding$|^prior/bias$", P()),
+    # a decode-time draft vocabulary (dblast_jax/draft_vocab.py): the LM head's rows, laid
+    # out like the target's embedding, and their ids
+    (r"^draft_vocab/head$", P("tensor", "fsdp")),  # [N, H]
+    (r"^draft_vocab/ids$", P()),
 )
 
 CACHE_KV_SPEC = P("data", None, "tensor", None)  # [B, S, Nkv, D]

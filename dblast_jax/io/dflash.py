@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dblast_jax import draft_vocab
 from dblast_jax.config import DrafterConfig, TargetConfig, default_target_layer_ids
 from dblast_jax.dtypes import dtype_from_name
 from dblast_jax.io import paths
@@ -275,7 +276,7 @@ def load_dflash(folder: str, target_config: TargetConfig, dtype=jnp.float32, *,
     missing = [key for _, key, _ in table if key not in tensors]
     if missing:
         raise ValueError(f"{folder!r}: missing tensors {missing}")
-    expected = {key for _, key, _ in table}
+    expected = {key for _, key, _ in table} | set(DRAFT_VOCAB_TENSORS)
     extra = sorted(k for k in tensors if k not in expected)
     if extra:
         warnings.warn(f"{folder!r}: ignoring unexpected tensors {extra}")
@@ -291,6 +292,50 @@ def load_dflash(folder: str, target_config: TargetConfig, dtype=jnp.float32, *,
     return config, params
 
 
+# A draft-time vocabulary in vLLM's fields (dblast_jax/draft_vocab.py): config.json's
+# `draft_vocab_size` N, and in the safetensors `d2t` [N] int64 offsets (target id of draft
+# row j = j + d2t[j]; we write the rows most frequent first), `t2d` [V] bool (which
+# target ids are in it) and `lm_head.weight` [N, H] (the target head's rows, for loaders
+# that give the drafter its own head; dblast_jax takes them from the target instead).
+DRAFT_VOCAB_TENSORS = ("d2t", "t2d", "lm_head.weight")
+
+
+def read_draft_vocab(folder: str, vocab_size: int) -> Optional[np.ndarray]:
+    """The draft vocabulary an export carries, as target ids [N] int32 in its row order,
+    or None (no `draft_vocab_size` in config.json)."""
+    cfg = _read_config(folder)
+    n = cfg.get("draft_vocab_size")
+    if n is None or n == vocab_size:
+        return None
+    where = paths.join(os.fspath(folder), "config.json")
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n < vocab_size:
+        raise ValueError(f"{where}: draft_vocab_size must be an integer in [1, {vocab_size}),"
+                         f" got {n!r}")
+    with SafetensorsReader.from_folder(folder) as reader:
+        if "d2t" not in reader.keys():
+            raise ValueError(f"{os.fspath(folder)!r}: config.json sets draft_vocab_size {n} "
+                             "but the safetensors hold no d2t tensor (draft row -> target id)")
+        d2t = np.asarray(reader.read("d2t"))
+    if d2t.shape != (n,) or not np.issubdtype(d2t.dtype, np.integer):
+        raise ValueError(f"{os.fspath(folder)!r}: d2t must be [{n}] integers, got "
+                         f"{d2t.shape} {d2t.dtype}")
+    ids = np.arange(n, dtype=np.int64) + d2t
+    if ids.min() < 0 or ids.max() >= vocab_size or np.unique(ids).shape[0] != n:
+        raise ValueError(f"{os.fspath(folder)!r}: d2t maps draft rows outside [0, "
+                         f"{vocab_size}) or onto the same target id twice")
+    return ids.astype(np.int32)
+
+
+def draft_vocab_tensors(ids: np.ndarray, head_rows: np.ndarray, vocab_size: int,
+                        np_dtype) -> dict[str, np.ndarray]:
+    """vLLM's draft-vocabulary tensors for target ids [N] and the head's rows [N, H]."""
+    ids = np.asarray(ids, np.int64)
+    t2d = np.zeros((vocab_size,), bool)
+    t2d[ids] = True
+    return {"d2t": ids - np.arange(ids.shape[0], dtype=np.int64), "t2d": t2d,
+            "lm_head.weight": np.asarray(head_rows).astype(np_dtype)}
+
+
 # ---- the export folder ------------------------------------------------------------------
 
 class ExportError(ValueError):
@@ -304,6 +349,7 @@ class ExportError(ValueError):
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+COUNTS_FILE = draft_vocab.COUNTS_FILE  # the ranking a draft vocabulary is taken from
 # Modeling code export_drafter writes beside the weights, if it ever does: list it here so
 # a folder holding it is still recognised as a previous export.
 EXPORT_MODELING_FILES: tuple[str, ...] = ("modeling_dblast.py",)  # io/hf_remote.py
@@ -314,7 +360,7 @@ _EXPORT_WEIGHT_NAMES = re.compile(r"model(-\d{5}-of-\d{5})?\.safetensors"
 
 def is_export_file(name: str) -> bool:
     """Whether `name` is a file that export_drafter writes (or an earlier export wrote)."""
-    return (name == CONFIG_FILE or name in EXPORT_MODELING_FILES
+    return (name in (CONFIG_FILE, COUNTS_FILE) or name in EXPORT_MODELING_FILES
             or _EXPORT_WEIGHT_NAMES.fullmatch(name) is not None)
 
 
@@ -448,24 +494,25 @@ def _warn_left_weights(folder: str, entries: list[str], written: list[str]) -> N
                       "are removed")
 
 
-def _export_to_object_store(tensors: dict[str, np.ndarray], drafter_config: DrafterConfig,
-                            dtype: str, folder: str, force: bool) -> str:
+def _export_to_object_store(tensors: dict[str, np.ndarray], config_text: str,
+                            extra_files: dict[str, bytes], folder: str, force: bool) -> str:
     """export_drafter to gs://... : the same refusals, then each file one object write
     (atomic per object; a rename there is a copy + delete, not atomic), the weights first
     and config.json last, so a folder whose config.json is new has its new weights. An
     overwrite of a previous export cut short between the two may pair the new weights
     with the old config.json (the loader checks every shape); rerun the export then."""
     from safetensors.numpy import save
-    planned = [CONFIG_FILE, WEIGHTS_FILE, *EXPORT_MODELING_FILES]
+    planned = [CONFIG_FILE, WEIGHTS_FILE, *extra_files, *EXPORT_MODELING_FILES]
     state, entries = _classify_remote(folder)
     if state == "foreign" and not force:
         raise _refuse_foreign(folder, entries, planned)
     weights = save(tensors, metadata={"format": "pt"})
-    text = json.dumps(dflash_config_dict(drafter_config, dtype), indent=2) + "\n"
-    written = [CONFIG_FILE, WEIGHTS_FILE]
+    written = [CONFIG_FILE, WEIGHTS_FILE, *extra_files]
     try:
         paths.atomic_write_bytes(paths.join(folder, WEIGHTS_FILE), weights)
-        paths.atomic_write_text(paths.join(folder, CONFIG_FILE), text)
+        for name, data in extra_files.items():
+            paths.atomic_write_bytes(paths.join(folder, name), data)
+        paths.atomic_write_text(paths.join(folder, CONFIG_FILE), config_text)
         if state == "export":
             for n in entries:
                 if is_export_file(n) and n not in written:
@@ -478,7 +525,8 @@ def _export_to_object_store(tensors: dict[str, np.ndarray], drafter_config: Draf
 
 
 def export_drafter(dparams: Params, drafter_config: DrafterConfig, folder: str,
-                   dtype: str = "float32", *, force: bool = False) -> str:
+                   dtype: str = "float32", *, force: bool = False,
+                   token_counts: Optional[np.ndarray] = None) -> str:
     """Write `dparams` as a DFlash folder (config.json + model.safetensors), atomically.
 
     K = 1 with a token mask and no expander: the exact DFlash layout. Otherwise the
@@ -494,10 +542,16 @@ def export_drafter(dparams: Params, drafter_config: DrafterConfig, folder: str,
     file, so a failure (no space, no permission) leaves the destination unchanged.
     Non-finite parameters are refused before anything is written. A `gs://` folder gets
     the same refusals, then one object write per file (`_export_to_object_store`).
+
+    A drafter with a draft-time vocabulary attached (dblast_jax/draft_vocab.py) is written
+    with vLLM's fields for it (`draft_vocab_size`, `d2t`, `t2d`, `lm_head.weight`);
+    `token_counts` [V] (response-token counts of the training corpus) is written beside
+    the weights as token_counts.npy, the ranking later draft vocabularies are taken from.
     """
     if dtype not in ("float32", "bfloat16"):
         raise ValueError(f"export dtype must be 'float32' or 'bfloat16', got {dtype!r}")
     np_dtype = dtype_from_name(dtype)
+    dparams, dv = draft_vocab.split(dparams)
     tensors = {}
     for path, key, layout in key_table(drafter_config):
         try:
@@ -514,12 +568,21 @@ def export_drafter(dparams: Params, drafter_config: DrafterConfig, folder: str,
                               f"(params {'/'.join(map(str, path))}) has {bad} non-finite "
                               f"value(s) (NaN/inf) in {dtype}; nothing was written")
         tensors[key] = _to_torch_layout(cast, layout)
+    config_dict = dflash_config_dict(drafter_config, dtype)
+    if dv is not None:
+        ids = np.asarray(jax.device_get(dv["ids"]))
+        tensors.update(draft_vocab_tensors(ids, np.asarray(jax.device_get(dv["head"])),
+                                           drafter_config.vocab_size, np_dtype))
+        config_dict["draft_vocab_size"] = int(ids.shape[0])
+    config_text = json.dumps(config_dict, indent=2) + "\n"
+    extra_files = {} if token_counts is None else {COUNTS_FILE: draft_vocab.counts_bytes(
+        token_counts, drafter_config.vocab_size)}
     if not paths.is_local(folder):
-        return _export_to_object_store(tensors, drafter_config, dtype, paths.normalize(folder),
-                                       force)
+        return _export_to_object_store(tensors, config_text, extra_files,
+                                       paths.normalize(folder), force)
     folder = os.path.abspath(os.fspath(folder))
     parent, name = os.path.split(folder)
-    planned = [CONFIG_FILE, WEIGHTS_FILE, *EXPORT_MODELING_FILES]
+    planned = [CONFIG_FILE, WEIGHTS_FILE, *extra_files, *EXPORT_MODELING_FILES]
     state, entries = _classify_destination(folder)
     if state == "foreign" and not force:
         raise _refuse_foreign(folder, entries, planned)
@@ -529,8 +592,10 @@ def export_drafter(dparams: Params, drafter_config: DrafterConfig, folder: str,
             os.makedirs(parent, exist_ok=True)
             tmp = _make_temp_dir(parent, name, "export-tmp")
             _write_weights(tensors, os.path.join(tmp, WEIGHTS_FILE))
-            _write_text(os.path.join(tmp, CONFIG_FILE),
-                        json.dumps(dflash_config_dict(drafter_config, dtype), indent=2) + "\n")
+            for extra, data in extra_files.items():
+                with open(os.path.join(tmp, extra), "wb") as f:
+                    f.write(data)
+            _write_text(os.path.join(tmp, CONFIG_FILE), config_text)
             written = sorted(os.listdir(tmp))
             mode = default_file_mode()  # safetensors creates its files 0600
             for n in written:

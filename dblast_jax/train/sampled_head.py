@@ -36,8 +36,8 @@ from dblast_jax.chunked_logits import TokenLogprobs, by_row_blocks
 
 Array = jax.Array
 
-__all__ = ["frequent_token_ids", "coverage", "check_sizes", "sampled_token_logprobs",
-           "HashableIds"]
+__all__ = ["frequent_token_ids", "response_token_counts", "rank_by_count", "coverage",
+           "check_sizes", "sampled_token_logprobs", "HashableIds"]
 
 
 def check_sizes(num_tokens: int, num_sampled: int, vocab_size: int) -> None:
@@ -48,7 +48,8 @@ def check_sizes(num_tokens: int, num_sampled: int, vocab_size: int) -> None:
                          "(train_head_tokens=0: the full head)")
 
 
-def _response_counts(source: Any, vocab_size: int, max_records: int) -> tuple[np.ndarray, int]:
+def response_token_counts(source: Any, vocab_size: int,
+                          max_records: int) -> tuple[np.ndarray, int]:
     """Counts [V] of response tokens (loss_mask) over the first `max_records` records."""
     counts = np.zeros((vocab_size,), np.int64)
     n = min(len(source), int(max_records))
@@ -75,13 +76,18 @@ def frequent_token_ids(source: Any, vocab_size: int, num_tokens: int,
         raise ValueError("train_head_tokens counts the response tokens of the first training "
                          "records and needs random-access training data (a corpus folder, "
                          ".jsonl, a list of records or 'synthetic'), not an iterator")
-    counts, n = _response_counts(source, vocab_size, max_records)
-    order = np.lexsort((np.arange(vocab_size), -counts))  # count desc, then id asc
-    ids = np.sort(order[:num_tokens]).astype(np.int32)
+    counts, n = response_token_counts(source, vocab_size, max_records)
+    ids = np.sort(rank_by_count(counts)[:num_tokens]).astype(np.int32)
     total = int(counts.sum())
     stats = {"records": n, "response_tokens": total,
              "coverage": float(counts[ids].sum() / total) if total else 0.0}
     return ids, stats
+
+
+def rank_by_count(counts: np.ndarray) -> np.ndarray:
+    """Token ids [V] by count, most frequent first (ties and never-seen ids: lower id first)."""
+    counts = np.asarray(counts)
+    return np.lexsort((np.arange(counts.shape[0]), -counts)).astype(np.int32)
 
 
 def coverage(ids: np.ndarray, tokens: np.ndarray) -> float:
