@@ -194,6 +194,8 @@ def build_tiny(workdir: Path):
     dc = DrafterConfig.for_target(tc, num_layers=1, block_size=TINY_BLOCK,
                                   mask_token_id=tc.vocab_size - 1)
     drafter = dj.init_drafter(target, dc, 0)
+    # made-up token counts (lower ids first) so that --draft-vocab runs here too
+    drafter.token_counts = np.arange(tc.vocab_size, 0, -1)
     folder = dj.export_drafter(drafter, workdir / "drafter", dtype="float32")
     gen = np.random.default_rng(1)
     prompts = [[int(t) for t in gen.integers(0, tc.vocab_size - 1, TINY_PROMPT_LEN)]
@@ -386,6 +388,8 @@ def _benchmark(args, dfm) -> dict:
             target, model, folder, prompts, label = build_real(tmp, args.drafter)
         check_token_mask_export(folder)
         drafter = dj.load_drafter(folder, target)
+        if args.draft_vocab:  # ours drafts over its N most frequent tokens; dflash's full head
+            drafter = dj.with_draft_vocab(drafter, target, args.draft_vocab)
         ref = dfm.DFlashDraftModel.from_pretrained(str(folder)).eval()
     dc = drafter.config
     block = args.block or dc.block_size
@@ -402,6 +406,7 @@ def _benchmark(args, dfm) -> dict:
     results = {
         "benchmark": "bench_vs_dflash", "issue": 17, "mode": "tiny" if args.tiny else "real",
         "target": target.name, "drafter": label, "block_size": block,
+        "draft_vocab": args.draft_vocab,
         "mask_token_id": dc.mask_token_id, "drafter_dtype": "float32",
         "target_dtype": "float32", "batch": 1, "prompts": len(prompts),
         "prompt_lengths": [len(p) for p in prompts], "max_new_tokens": args.max_new_tokens,
@@ -520,6 +525,9 @@ def main(argv=None) -> int:
     p.add_argument("--block", type=int, default=None,
                    help="block size; must equal the drafter config's (the default)")
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
+                   help="our loop drafts over the drafter's N most frequent response tokens "
+                        "(its token_counts.npy); dflash's keeps the full head")
     p.add_argument("--threads", type=int, default=1,
                    help="intra-op threads: 1 (default) pins torch and XLA to one thread each "
                         "(on a shared, loaded CPU a multi-threaded pool mostly waits for "

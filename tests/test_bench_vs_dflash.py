@@ -38,13 +38,16 @@ def test_tiny_peer_benchmark(tmp_path, capsys):
     bench = _bench()
     threads = torch.get_num_threads()
     out = tmp_path / "vs_dflash.json"
-    rc = bench.main(["--tiny", "--prompts", "2", "--max-new-tokens", "16", "--out", str(out)])
+    # our loop drafts over a draft-time vocabulary (half the tiny vocabulary); T = 0 output
+    # must still equal dflash's full-head loop token for token
+    rc = bench.main(["--tiny", "--prompts", "2", "--max-new-tokens", "16", "--out", str(out),
+                     "--draft-vocab", "32"])
     printed = capsys.readouterr().out
     assert rc == 0, printed
     assert torch.get_num_threads() == threads  # restored
     res = json.loads(out.read_text())
     assert res["table"] in printed
-    assert res["mode"] == "tiny" and res["ok"] is True
+    assert res["mode"] == "tiny" and res["ok"] is True and res["draft_vocab"] == 32
     assert res["batch"] == 1 and res["prompts"] == 2 and res["max_new_tokens"] == 16
     assert res["mask_token_id"] is not None and res["block_size"] == 6
     assert res["versions"]["dflash"] == "0.1.0"
