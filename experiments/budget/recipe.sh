@@ -1,5 +1,5 @@
 # The recipe every equal-budget run of RESULTS.md section 4 shares, sourced by
-# the run_session*.sh scripts so that their curves stay comparable: the 68-shard snapshot,
+# the scripts of experiments/recipe/ and experiments/claims/ so that their curves stay comparable: the 68-shard snapshot,
 # batch 8 x 256, 16 anchors, held-out scoring every 50 steps on 8 fixed batches, two kept
 # checkpoints and one feature cache folder. The sourcing script may set BUDGET_CPU_S
 # (default 1,500 training CPU-seconds), STEPS (the schedule, 1,000) and LR (1e-3) first.

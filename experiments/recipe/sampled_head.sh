@@ -8,7 +8,7 @@
 # taps5_distill (to step 1,000) beside it, so both share the machine alike; once that
 # ends, the sampled head with 64 anchors per sequence instead of 16 (a cached sequence's
 # taps and fc pass then feed four times the labels; the median sequence has 156 eligible
-# anchors). Run it as BUDGET_CPU_S=100000 bash experiments/budget/run_session11.sh: every
+# anchors). Run it as BUDGET_CPU_S=100000 bash experiments/recipe/sampled_head.sh: every
 # run goes to the end of its 1,000-step schedule.
 set -u
 cd "$(dirname "$0")/../.."

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 14, the mixture from a trained trunk (RESULTS.md 4.3): K = 4 (NLL + AL) and its
 # K = 1 control (NLL + AL) each start from the finished five-tap K = 1 DFlash drafter
-# (runs/budget/taps5, 1,000 steps: run_session6.sh) with drafter_init=drafter:WORKDIR and
+# (runs/budget/taps5, 1,000 steps: five_taps_and_two_layers.sh) with drafter_init=drafter:WORKDIR and
 # train STEPS more steps on the same data, batch, anchors and feature cache, side by side
 # on the same held-out blocks (T_v = 1.0; sampled-branch and sampled-mixture). The K = 4
 # head costs ~3.3x the K = 1 head per step, so starting it from a trained trunk instead of

@@ -3,7 +3,7 @@
 # recipe with five target taps spread over the depth (layers 1, 7, 14, 20, 27: DFlash's
 # spacing for five taps of a 30-layer target) instead of one middle tap, with one and with
 # two drafter layers, each to 1,500 training CPU-seconds side by side. Same data, schedule
-# and held-out scoring as run_session5.sh, so the curves compare with its baseline.
+# and held-out scoring as distill_and_warm_start.sh, so the curves compare with its baseline.
 # Resumable: rerun after a kill. Workdirs and logs land in runs/budget/.
 set -u
 cd "$(dirname "$0")/../.."

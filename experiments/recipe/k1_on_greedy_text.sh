@@ -2,11 +2,14 @@
 # Issue 14, the T = 0 column: does training on the target's own greedy text raise greedy
 # acceptance? K = 1 from the finished five-tap DFlash drafter (runs/budget/taps5, 1,000
 # steps on answers sampled at T = 1.0) trains STEPS more steps on the T = 0 corpus
-# (regenerate_t0.sh: the same prompts answered greedily; its first T0_SHARDS shards), with
-# the DFlash loss and the recipe of run_session7.sh. Held out: the T = 0 answers to the
-# held-out prompts (shards 68-71 of corpora/smollm2_t1 answered greedily, built by
+# (runs/corpora/smollm2_t0: the same prompts answered greedily; its first T0_SHARDS shards),
+# with the DFlash loss and the recipe of k4_from_taps5_trunk.sh. The greedy corpus is now
+# built into corpora/smollm2_t0 by experiments/flagship/regenerate_greedy_corpus.sh (its
+# shards 68-71 are the held-out prompts); this script still reads the runs/corpora/ paths
+# where it was first written. Held out: the T = 0 answers to the held-out prompts (shards
+# 68-71 of corpora/smollm2_t1 answered greedily, built by
 #   dblast data regenerate --out runs/corpora/smollm2_t0_heldout \
-#       --prompts-from corpora/smollm2_t1:68:72 --gen-temperatures 0 ...  (as regenerate_t0.sh)
+#       --prompts-from corpora/smollm2_t1:68:72 --gen-temperatures 0 ...
 # ), scored every 50 steps; `greedy_accepted` there is greedy verification's accepted
 # drafts per block (the leading drafts equal to the target's argmax), i.e. greedy tau - 1.
 # Resumable: rerun after a kill. The workdir and log land in runs/budget/.
