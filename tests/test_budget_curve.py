@@ -10,6 +10,7 @@ from conftest import make_corpus as _make_corpus  # tests/ is on sys.path (pytes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "experiments", "budget", "budget_curve.py")
+FINISH_LEG = os.path.join(ROOT, "experiments", "flagship", "finish_leg.py")
 
 
 def _run(*args):
@@ -31,9 +32,25 @@ def test_curve_in_segments_resumes_and_plots(tmp_path):
     _run(*common, "--budget_cpu_s=0.001")  # step 0, then one segment: over budget
     rows = [json.loads(x) for x in open(wd / "budget_curve.jsonl")]
     assert [r["step"] for r in rows] == [0, 2]
+    # a flagship leg (experiments/flagship/train_k1.sh) is recorded only once it finished
+    keep = tmp_path / "keep"
+    (wd / "leg.json").write_text(json.dumps({"leg": 1, "init": "random", "steps": 6}))
+    finish = [sys.executable, FINISH_LEG, f"--leg_dir={wd}", f"--keep={keep}", "--leg=1"]
+    early = subprocess.run(finish, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert early.returncode == 1 and "trained 2 of 6 steps" in early.stderr
+    assert not (keep / "legs.jsonl").exists()
     _run(*common, "--budget_cpu_s=1e9")  # resumes to the schedule's end
     rows = [json.loads(x) for x in open(wd / "budget_curve.jsonl")]
     assert [r["step"] for r in rows] == [0, 2, 4, 6]
+    for _ in range(2):  # the second call finds the leg recorded and changes nothing
+        done = subprocess.run(finish, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+    legs = [json.loads(x) for x in open(keep / "legs.jsonl")]
+    assert len(legs) == 1 and legs[0]["steps"] == 6 and legs[0]["init"] == "random"
+    assert legs[0]["end"]["al_estimate"] == rows[-1]["al_estimate"]
+    assert "already recorded" in done.stdout
+    assert (keep / "drafter" / "config.json").is_file()  # the next leg's starting point
+    assert (keep / "curve_leg1.jsonl").read_text() == (wd / "budget_curve.jsonl").read_text()
     cpu = [r["cpu_s"] for r in rows]
     assert cpu[0] == 0 and all(b > a for a, b in zip(cpu, cpu[1:]))
     assert all(0 <= r["al_estimate"] <= 7 and "distill_kl" in r for r in rows[1:])

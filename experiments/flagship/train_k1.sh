@@ -1,26 +1,48 @@
 #!/usr/bin/env bash
-# The K = 1 flagship: one long run instead of many short ones (issue 29). The recipe of the
-# drafters shipped today (five taps, one drafter layer, NLL + AL + top-64 distillation,
-# the sampled training head of 4,096 frequent + 1,024 sampled tokens, batch 8 x 256,
-# 16 anchors per sequence) on a 50,000-step cosine schedule (~8 passes over every anchor
-# position of the 68 training shards), warm-started from the shipped K = 1 drafter.
-# Held-out acceptance (T_v = 1.0, shards 68-71, 8 fixed batches) is scored every 1,000
-# steps into runs/flagship/k1/budget_curve.jsonl against the training CPU-seconds;
-# checkpoints every 250 steps. One command resumes it after a kill, or in a later
-# session once runs/flagship/k1 is restored (scripts/..., see experiments/README.md):
-#     bash experiments/flagship/train_k1.sh
+# The K = 1 flagship (issue 29): one long run made of legs, each a complete warmup + cosine
+# schedule of STEPS steps (warm restarts) that starts from where the previous leg ended, so
+# that the run goes on across working days although runs/ does not survive between them.
+#
+# Recipe: that of the shipped K = 1 drafter (five taps, one drafter layer, NLL + AL + top-64
+# distillation, the sampled training head of 4,096 frequent + 1,024 sampled tokens, batch
+# 8 x 256, 16 anchors per sequence) on the 68 training shards of corpora/smollm2_t1.
+# Held-out acceptance (T_v = 1.0, shards 68-71, 8 fixed batches) is scored at the leg's
+# start and every SEGMENT steps into the leg's budget_curve.jsonl (against training
+# CPU-seconds); checkpoints every 250 steps.
+#
+# What survives a working day lives in experiments/flagship/k1/ (committed):
+#   drafter/      the latest finished leg's export (bfloat16): the next leg's starting point
+#   legs.jsonl    one row per finished leg (steps, training CPU-s, held-out scores, date)
+#   curve_leg*.jsonl  each leg's raw held-out points
+# The first leg starts from the shipped K = 1 drafter.
+#
+#     bash experiments/flagship/train_k1.sh          # start or resume the current leg
+#     STEPS=3000 bash experiments/flagship/train_k1.sh
+# A killed leg resumes from its checkpoint in runs/flagship/k1_legN (same command); a
+# finished leg is exported and recorded, and the next call starts the next leg.
 set -u
 cd "$(dirname "$0")/../.."
-mkdir -p runs/flagship
+KEEP=experiments/flagship/k1
+mkdir -p runs/flagship "$KEEP"
+LEG=$(( $( [ -f $KEEP/legs.jsonl ] && wc -l < $KEEP/legs.jsonl || echo 0 ) + 1 ))
+WORK=runs/flagship/k1_leg$LEG
+INIT=pretrained/smollm2-135m-instruct/smollm2-dflash-k1
+[ -f $KEEP/drafter/config.json ] && INIT=$KEEP/drafter
+mkdir -p $WORK  # the leg's settings, fixed at its start so that a resume keeps them
+[ -f $WORK/leg.json ] || printf '{"leg": %d, "init": "%s", "steps": %d}\n' \
+    $LEG "$INIT" ${STEPS:-3000} > $WORK/leg.json
+STEPS=$(python -c "import json; print(json.load(open('$WORK/leg.json'))['steps'])")
+INIT=$(python -c "import json; print(json.load(open('$WORK/leg.json'))['init'])")
 nice -n 10 python experiments/budget/budget_curve.py --experiment=smollm2_k1_al \
-  --workdir=runs/flagship/k1 --max_steps=${STEPS:-50000} --segment_steps=1000 \
+  --workdir=$WORK --max_steps=$STEPS --segment_steps=${SEGMENT:-500} \
   --checkpoint_every=250 --budget_cpu_s=1e9 --validation_batches=8 \
   --override=data=corpora/smollm2_t1 --override=data_shards=68 \
   --override=batch_size=8 --override=seq_len=256 --override=anchors_per_sequence=16 \
-  --override=learning_rate=${LR:-6e-4} --override=warmup_fraction=0.02 \
+  --override=learning_rate=${LR:-5e-4} --override=warmup_fraction=0.03 \
   --override=keep_checkpoints=2 --override=feature_cache=runs/flagship/features \
   --override=target_layer_ids=1,7,14,20,27 --override=drafter_layers=1 \
   --override=train_head_tokens=4096 --override=train_head_sampled=1024 \
-  --override=distill_weight=1.0 \
-  --override=drafter_init=drafter:pretrained/smollm2-135m-instruct/smollm2-dflash-k1 \
-  "$@" >> runs/flagship/k1.log 2>&1
+  --override=distill_weight=1.0 --override=drafter_init=drafter:$INIT \
+  "$@" >> $WORK.log 2>&1 || { echo "leg $LEG stopped; see $WORK.log" >&2; exit 1; }
+python experiments/flagship/finish_leg.py --leg_dir=$WORK --keep=$KEEP --leg=$LEG \
+  >> $WORK.log 2>&1
