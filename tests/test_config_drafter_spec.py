@@ -58,9 +58,9 @@ def test_flat_train_config_json_loads_as_the_nested_config():
     launched = TC.get_experiment("smollm2_dflash_baseline", [
         "data=corpora/smollm2_t1", "data_shards=68", "checkpoint_every=50",
         "keep_checkpoints=2", "export=false", "feature_cache=runs/budget/features"])
-    # the recipe took the sampled training head since that run (RESULTS.md 4.6)
+    # the recipe took the sampled training head since that run (docs/research_log.md section 4.6)
     assert launched == old.replace(**TC.SMOLLM2_SAMPLED_HEAD)
-    # ... and so do the SmolLM2 mixtures since RESULTS.md 4.7; Qwen3's keep the full head
+    # ... and so do the SmolLM2 mixtures since docs/research_log.md section 4.7; Qwen3's keep the full head
     for name in ("smollm2_k1_al", "smollm2_dblast_k4_al", "smollm2_dblast_k4_nll"):
         assert TC.get_experiment(name).train_head_tokens == 4096, name
     assert TC.get_experiment("qwen3_dblast_k4_al").train_head_tokens == 0

@@ -1,5 +1,5 @@
 # Sourced (`STEPS=300 source experiments/budget/from_trunk.sh`) by the run scripts that
-# train on from a trained K = 1 trunk (RESULTS.md sections 4.7 and 4.8): it sources
+# train on from a trained K = 1 trunk (docs/research_log.md sections 4.7 and 4.8): it sources
 # recipe.sh with those runs' defaults (lr 5e-4 unless LR is set, no CPU-seconds cap: the
 # step schedule ends them), then provides section 4.6's K = 1 drafter as it was shipped in
 # pretrained/ until section 4.7 replaced it (commit b96a34a; the bfloat16 export of

@@ -1,4 +1,4 @@
-# The recipe every equal-budget run of RESULTS.md section 4 shares, sourced by
+# The recipe every equal-budget run of docs/research_log.md section 4 shares, sourced by
 # the scripts of experiments/recipe/ and experiments/claims/ so that their curves stay comparable: the 68-shard snapshot,
 # batch 8 x 256, 16 anchors, held-out scoring every 50 steps on 8 fixed batches, two kept
 # checkpoints and one feature cache folder. The sourcing script may set BUDGET_CPU_S

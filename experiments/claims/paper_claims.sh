@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 14, the paper's claims at the new level (RESULTS.md section 4.8): the main drafters
+# Issue 14, the paper's claims at the new level (docs/research_log.md section 4.8): the main drafters
 # and ablations that section 4.7 did not train, each from the same K = 1 trunk
 # (from_trunk.sh) over the same 300-step schedule (lr 5e-4, scored every 50 steps) as
 # section 4.7's K = 4 NLL + AL (k4al_from_head4k) and its K = 1 NLL + AL control

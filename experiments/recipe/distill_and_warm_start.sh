@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 14's equal-budget runs (RESULTS.md section 4): the current recipe, + distillation
+# Issue 14's equal-budget runs (docs/research_log.md section 4): the current recipe, + distillation
 # from the target's top-64 distribution, + warm start from the target's layers, each to
 # 1,500 training CPU-seconds, side by side. Resumable: rerun after a kill (raise
 # --budget_cpu_s to train on). Workdirs and logs land in runs/budget/.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 14, two levers on the five-tap recipe (RESULTS.md section 4.5): distillation from
+# Issue 14, two levers on the five-tap recipe (docs/research_log.md section 4.5): distillation from
 # the target's top-64 distribution (section 4's best lever on one tap, never run with five
 # taps), and the same with tap_rms_scaling (fc trained as on taps divided by their
 # per-channel RMS, train/tap_scaling.py: SmolLM2's massive activations no longer dominate

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 14, the drafter's inputs and depth (RESULTS.md section 4.2): the section-4 baseline
+# Issue 14, the drafter's inputs and depth (docs/research_log.md section 4.2): the section-4 baseline
 # recipe with five target taps spread over the depth (layers 1, 7, 14, 20, 27: DFlash's
 # spacing for five taps of a 30-layer target) instead of one middle tap, with one and with
 # two drafter layers, each to 1,500 training CPU-seconds side by side. Same data, schedule

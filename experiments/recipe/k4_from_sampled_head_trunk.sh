@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 14, the mixture from the new trunk (RESULTS.md section 4.7): K = 4 (NLL + AL) and
+# Issue 14, the mixture from the new trunk (docs/research_log.md section 4.7): K = 4 (NLL + AL) and
 # its K = 1 control (NLL + AL) each start from section 4.6's K = 1 drafter (five taps,
 # distillation, the sampled head, 1,000 steps; shipped until this section) and train more steps with distillation (distill_weight 1.0) and the sampled
 # training head (4,096 frequent + 1,024 sampled tokens), same data, batch, anchors,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 14, the mixture from a trained trunk (RESULTS.md 4.3): K = 4 (NLL + AL) and its
+# Issue 14, the mixture from a trained trunk (docs/research_log.md section 4.3): K = 4 (NLL + AL) and its
 # K = 1 control (NLL + AL) each start from the finished five-tap K = 1 DFlash drafter
 # (runs/budget/taps5, 1,000 steps: five_taps_and_two_layers.sh) with drafter_init=drafter:WORKDIR and
 # train STEPS more steps on the same data, batch, anchors and feature cache, side by side

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 14, cheaper steps (RESULTS.md section 4.6): the five-tap distillation recipe of
+# Issue 14, cheaper steps (docs/research_log.md section 4.6): the five-tap distillation recipe of
 # section 4.5 with the sampled training head (train/sampled_head.py): each log q is
 # normalised over the 4,096 most frequent response tokens plus 1,024 tokens drawn from
 # the rest at every step, instead of all 49,152. Same data, batch, anchors, schedule,

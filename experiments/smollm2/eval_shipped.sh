@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The reproduction's benchmark tables for the drafters shipped in pretrained/ (RESULTS.md
-# section 4.8): the K = 1 DFlash drafter and the K = 4 DBlast drafter (greedy-branch and
+# The reproduction's benchmark tables for the drafters shipped in pretrained/ (RESULTS.md's
+# opening tables; docs/research_log.md section 4.8): the K = 1 DFlash drafter and the K = 4 DBlast drafter (greedy-branch and
 # mixture verification) on the four benchmarks at T = 0 / 0.7 / 1.0 / 1.5, batch 1; drafts
 # sampled from q (sampled-branch / sampled-mixture) at T = 1.0 / 1.5; and batch 8 at
 # T = 0 / 0.7; and the K = 1 drafting shorter blocks than it was trained with (@block=N:

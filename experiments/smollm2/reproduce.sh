@@ -10,7 +10,7 @@
 # fixed snapshot of it (data_shards), (3) evaluation on the four benchmarks at
 # T = 0.7 / 1.0 / 1.5 against plain decoding, with the K = 4 AL drafter also under
 # `mixture` verification. Results land in $EVAL (default $RUNS/eval: results.md / .json / .csv, PNGs);
-# RESULTS.md quotes them with these commands.
+# docs/research_log.md section 1 quotes them with these commands.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 

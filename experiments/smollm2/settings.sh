@@ -2,8 +2,8 @@
 # so the ablation drafters train exactly like the main four). Every value can be set from
 # the environment; TRAIN_OVERRIDES is the `dblast train --override` list they make.
 # The recipes train with a mask token (SmolLM2: 16, <empty_output>) and five target taps
-# (1, 7, 14, 20, 27; RESULTS.md 4.2). RESULTS.md 1.7-1.11 used the learned mask embedding
-# and the single middle tap: add mask_token_id=-1 and target_layer_ids=15 to the list to
+# (1, 7, 14, 20, 27; docs/research_log.md section 4.2). Sections 1.7-1.11 there used the
+# learned mask embedding and the single middle tap: add mask_token_id=-1 and target_layer_ids=15 to the list to
 # reproduce them.
 CORPUS=${CORPUS:-corpora/smollm2_t1}
 RUNS=${RUNS:-runs/smollm2}
