@@ -49,6 +49,20 @@ def median_time(fn, repeats):
     return statistics.median(times)
 
 
+def interleaved_median_times(calls: dict, repeats: int) -> dict:
+    """Median seconds of each call, timed round-robin (one of each per round), so that a
+    load change on a shared machine hits every call alike."""
+    for fn in calls.values():
+        jax.block_until_ready(fn())  # compile / warm up
+    times = {name: [] for name in calls}
+    for _ in range(repeats):
+        for name, fn in calls.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn())
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
 def drafter_cost(target, block, batches, repeats):
     rows = []
     tc = target.config
@@ -115,11 +129,6 @@ def draft_vocab_cost(target, drafter, sizes, batches, repeats):
         extend = jax.jit(functools.partial(T.extend, config=tc))
         pos = jnp.full((batch,), ctx, jnp.int32)
         anchor = jnp.ones((batch,), jnp.int32)
-        t_plain = median_time(lambda: extend(target.params, anchor[:, None], pos, tcache)[0],
-                              repeats)
-        t_verify = median_time(lambda: extend(target.params, jnp.ones((batch, block),
-                                                                      jnp.int32), pos,
-                                              tcache)[0], repeats)
         dcache = D.init_draft_cache(dcfg, batch, cache_len)
         dcache = D.append_context(drafter.params, taps, jnp.zeros((batch,), jnp.int32),
                                   dcache, drafter_config=dcfg)
@@ -132,13 +141,17 @@ def draft_vocab_cost(target, drafter, sizes, batches, repeats):
             h = D.select_branch(hidden, jnp.argmax(prior, -1))
             return DV.to_target_ids(dv, jnp.argmax(DV.draft_logits(tp, dv, h, tc), -1))
 
+        calls = {"plain": lambda: extend(target.params, anchor[:, None], pos, tcache)[0],
+                 "verify": lambda: extend(target.params, jnp.ones((batch, block), jnp.int32),
+                                          pos, tcache)[0]}
         for name, variant in variants:
-            t_draft = median_time(lambda: draft(variant.params, target.params, dcache),
-                                  repeats)
+            calls[name] = functools.partial(draft, variant.params, target.params, dcache)
+        t = interleaved_median_times(calls, repeats)
+        for name, _ in variants:
             rows.append({"part": "draft-vocab", "batch": batch, "block": block,
-                         "draft_vocab": name, "plain_step_ms": 1e3 * t_plain,
-                         "verify_ms": 1e3 * t_verify, "draft_ms": 1e3 * t_draft,
-                         "step_over_plain": (t_draft + t_verify) / t_plain})
+                         "draft_vocab": name, "plain_step_ms": 1e3 * t["plain"],
+                         "verify_ms": 1e3 * t["verify"], "draft_ms": 1e3 * t[name],
+                         "step_over_plain": (t[name] + t["verify"]) / t["plain"]})
             print(json.dumps(rows[-1]), flush=True)
     return rows
 
