@@ -73,3 +73,21 @@ def test_cli_generate_mesh_flag(capsys):
     assert json.loads(capsys.readouterr().out)["tokens"] == one["tokens"]
     assert cli.main(args + ["--mesh", "2,2"]) == 2
     assert "mesh '2,2'" in capsys.readouterr().err
+
+
+def test_draft_vocabulary_on_mesh_equals_one_device(mesh):
+    """A draft-time vocabulary's head rows and ids are placed by their own rules and the
+    tokens equal a one-device run's."""
+    target = dj.load_target("tiny-qwen3", seed=3)
+    sampling = dj.SamplingConfig(temperature=1.0, max_new_tokens=7, stop_tokens=(10**6,),
+                                 verify_mode="sampled-branch")
+    drafter = init_drafter(target, dj.DrafterConfig.for_target(
+        target.config, num_layers=1, block_size=4), rng=1)
+    drafter.token_counts = np.arange(target.config.vocab_size)[::-1].copy()
+    drafter = dj.with_draft_vocab(drafter, target, target.config.vocab_size // 2)
+    one = dj.speculative_generate(target, drafter, PROMPTS, sampling, rng=5)
+    placed = dj.on_mesh(drafter, mesh)
+    assert placed.params["draft_vocab"]["head"].sharding.spec == jax.sharding.PartitionSpec(
+        "tensor", "fsdp")
+    got = dj.speculative_generate(dj.on_mesh(target, mesh), placed, PROMPTS, sampling, rng=5)
+    assert got.tokens == one.tokens
