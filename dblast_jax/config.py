@@ -153,6 +153,37 @@ class SamplingConfig:
 
 VERIFY_MODES = ("greedy-branch", "sampled-branch", "mixture", "sampled-mixture")
 
+# Serial correction heads of a trained drafter (dblast_jax/correction.py): "none" (the
+# parallel block, DFlash / DBlast as published) or "previous-token" (position i's logits
+# get a rank-r correction from the token drafted at position i - 1, drafts taken left to
+# right; docs/METHOD.md section 3.1).
+CORRECTIONS = ("none", "previous-token")
+# correction_rank when a correction is asked for without one (min(this, hidden_size))
+DEFAULT_CORRECTION_RANK = 32
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def correction_problems(correction: Any, rank: Any, prefix: str = "",
+                        rank_optional: bool = False) -> list[str]:
+    """What is wrong with a (correction, correction_rank) pair, one phrase each."""
+    if correction not in CORRECTIONS:
+        return [f"{prefix}correction must be one of {', '.join(CORRECTIONS)}, got "
+                f"{correction!r}"]
+    if correction == "none":
+        if rank not in (None, 0) or isinstance(rank, bool):
+            return [f"{prefix}correction_rank {rank!r} needs {prefix}correction="
+                    "previous-token (the correction is 'none')"]
+        return []
+    if rank is None and rank_optional:
+        return []
+    if not _is_int(rank) or rank < 1:
+        return [f"{prefix}correction_rank must be an integer >= 1 for correction "
+                f"{correction!r}, got {rank!r}"]
+    return []
+
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
     """DFlash's default taps: one draft layer -> the middle target layer; otherwise
@@ -190,9 +221,20 @@ class DrafterConfig:
     mask_token_id: Optional[int] = None
     num_categories: int = 1
     expander_width: int = 0
+    # a serial correction head (CORRECTIONS) of rank correction_rank (0 with "none")
+    correction: str = "none"
+    correction_rank: int = 0
     name: str = "drafter"
 
     def __post_init__(self):
+        problems = correction_problems(self.correction, self.correction_rank)
+        if not problems and not _is_int(self.correction_rank):
+            problems = [f"correction_rank must be an integer, got {self.correction_rank!r}"]
+        if problems:
+            raise ValueError(problems[0])
+        if self.correction_rank > self.hidden_size:
+            raise ValueError(f"correction_rank {self.correction_rank} exceeds hidden_size "
+                             f"{self.hidden_size}: a low-rank correction needs r <= H")
         if self.block_size < 2:
             raise ValueError(f"block_size must be >= 2, got {self.block_size}")
         if self.num_categories < 1:
@@ -217,10 +259,15 @@ class DrafterConfig:
     def for_target(cls, target: TargetConfig, *, num_layers: int = 1, block_size: int = 16,
                    num_categories: int = 1, expander_width: Optional[int] = None,
                    target_layer_ids: Optional[tuple[int, ...]] = None,
-                   intermediate_size: Optional[int] = None, **overrides: Any) -> "DrafterConfig":
-        """A drafter shaped like the target's layers (DFlash's choice)."""
+                   intermediate_size: Optional[int] = None, correction: str = "none",
+                   correction_rank: Optional[int] = None, **overrides: Any) -> "DrafterConfig":
+        """A drafter shaped like the target's layers (DFlash's choice). correction_rank
+        None: min(DEFAULT_CORRECTION_RANK, H) with a correction, 0 without."""
         if expander_width is None:
             expander_width = 0 if num_categories == 1 else max(16, target.hidden_size // 4)
+        if correction_rank is None:
+            correction_rank = (0 if correction == "none"
+                               else min(DEFAULT_CORRECTION_RANK, target.hidden_size))
         ids = target_layer_ids or default_target_layer_ids(target.num_layers, num_layers)
         cfg = cls(hidden_size=target.hidden_size,
                   intermediate_size=intermediate_size or target.intermediate_size,
@@ -229,7 +276,8 @@ class DrafterConfig:
                   target_layer_ids=tuple(ids), num_target_layers=target.num_layers,
                   block_size=block_size, rope_theta=target.rope_theta,
                   rms_norm_eps=target.rms_norm_eps, vocab_size=target.vocab_size,
-                  num_categories=num_categories, expander_width=expander_width)
+                  num_categories=num_categories, expander_width=expander_width,
+                  correction=correction, correction_rank=correction_rank)
         return cfg.replace(**overrides)
 
 
@@ -335,6 +383,10 @@ class DrafterSpec:
     # the category expander's width; None: automatic (0 for K = 1, max(16, H // 4) else)
     expander_width: Optional[int] = None
     intermediate_size: Optional[int] = None  # the drafter layers' MLP; None: the target's
+    # a serial correction head: "none" or "previous-token" (config.CORRECTIONS); its rank
+    # None: automatic (min(DEFAULT_CORRECTION_RANK, H) with a correction)
+    correction: str = "none"
+    correction_rank: Optional[int] = None
 
     def __post_init__(self):
         if isinstance(self.target_layer_ids, list):  # JSON / Python lists: hashable tuple
@@ -366,6 +418,8 @@ class DrafterSpec:
                                 or not all(is_int(i) and i >= 0 for i in ids)):
             out.append("drafter.target_layer_ids must be target layer numbers (e.g. 1,7,14) "
                        f"or none (DFlash's default for the depth), got {ids!r}")
+        out += correction_problems(self.correction, self.correction_rank, "drafter.",
+                                   rank_optional=True)
         return out
 
     def replace(self, **changes: Any) -> "DrafterSpec":
@@ -377,7 +431,8 @@ class DrafterSpec:
             target, num_layers=self.num_layers, block_size=self.block_size,
             num_categories=self.num_categories, expander_width=self.expander_width,
             target_layer_ids=self.target_layer_ids, intermediate_size=self.intermediate_size,
-            mask_token_id=self.mask_token_id, name=name)
+            mask_token_id=self.mask_token_id, correction=self.correction,
+            correction_rank=self.correction_rank, name=name)
 
 
 # The flat TrainConfig fields that held the drafter's shape before `TrainConfig.drafter`
@@ -391,6 +446,9 @@ LEGACY_DRAFTER_FIELDS = {
     "mask_token_id": "mask_token_id",
     "expander_width": "expander_width",
     "drafter_intermediate_size": "intermediate_size",
+    # not of before, but flat names all the same (`--override correction=previous-token`)
+    "correction": "correction",
+    "correction_rank": "correction_rank",
 }
 
 

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from dblast_jax import draft_vocab, ngram, verify
+from dblast_jax import correction, draft_vocab, ngram, verify
 from dblast_jax.config import (CombinedDrafterConfig, NgramConfig, SamplingConfig, TargetConfig,
                                trained_drafter_config)
 from dblast_jax.models import drafter as drafter_lm
@@ -211,7 +211,9 @@ def _trained_draft(dparams, tparams, state: SpecState, keys, tcfg, dcfg,
                    sampling: SamplingConfig):
     """The trained drafter's drafts [B, b-1] and dense proposal [B, b-1, V]. With a
     draft-time vocabulary (`draft_vocab.attach`) every q is the softmax over its N ids and
-    0 elsewhere: drawn from and verified against that same q (exact)."""
+    0 elsewhere: drawn from and verified against that same q (exact). A drafter with a
+    correction head drafts left to right (`correction.draft`), each q_i corrected by the
+    token drafted before it."""
     k_cat, k_draft = keys[0], keys[1]
     core, dv = draft_vocab.split(dparams)
     hidden, prior = drafter_lm.draft_hidden(core, tparams, state.anchor, state.anchor_pos,
@@ -220,6 +222,9 @@ def _trained_draft(dparams, tparams, state: SpecState, keys, tcfg, dcfg,
     draw_logp = jax.nn.log_softmax(prior.astype(jnp.float32) / sampling.category_temperature,
                                    axis=-1)  # [B, K]: pi', the law z is drawn from
     z = jax.random.categorical(k_cat, draw_logp, axis=-1)
+    if dcfg.correction != "none":
+        return correction.draft(core, dv, tparams, hidden, draw_logp, z, state.anchor,
+                                k_draft, tcfg, dcfg, sampling)
     vocab = tcfg.vocab_size
     head = lambda h: draft_vocab.draft_logits(tparams, dv, h, tcfg)  # [.., N] (N = V: full)
     sampled = sampling.temperature > 0  # at T = 0 every mode drafts argmaxes

@@ -43,6 +43,8 @@ DRAFTER_RULES: tuple[tuple[str, P], ...] = (
     (r"^expander/in_kernel$", P(None, "fsdp", "tensor")),
     (r"^expander/out_kernel$", P(None, "tensor", "fsdp")),
     (r"^prior/kernel$", P("fsdp", None)),
+    (r"^correction/(prev_kernel|ctx_kernel)$", P("fsdp", None)),  # [H, r]
+    (r"^correction/out_kernel$", P(None, "fsdp")),  # [r, H]
     (r"(^|/)scale$|^mask_embedding$|^prior/bias$", P()),
     # a decode-time draft vocabulary (dblast_jax/draft_vocab.py): the LM head's rows, laid
     # out like the target's embedding, and their ids

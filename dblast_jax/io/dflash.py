@@ -5,8 +5,8 @@ config plus `block_size`, `num_target_layers` and `dflash_config` {mask_token_id
 target_layer_ids}) and safetensors files with unprefixed keys in torch layout (Linear
 weights are (out, in); ours are (in, out)). There is no embedding and no LM head.
 
-DBlast extras (expander, prior head, learned mask embedding) travel in the same file
-under the `dblast.` key prefix, with a `dblast_config` entry in config.json; a K = 1
+DBlast extras (expander, prior head, learned mask embedding, correction head) travel in the
+same file under the `dblast.` key prefix, with a `dblast_config` entry in config.json; a K = 1
 drafter with a token mask writes neither, so public DFlash loaders take it unchanged.
 Conversions are transposes and dtype casts only, so a round trip at the checkpoint's
 dtype is bit-exact.
@@ -67,6 +67,10 @@ def key_table(config: DrafterConfig) -> list[tuple[tuple, str, str]]:
     if config.num_categories > 1:
         rows.append((("prior", "kernel"), DBLAST_PREFIX + "prior.weight", "T"))
         rows.append((("prior", "bias"), DBLAST_PREFIX + "prior.bias", "same"))
+    if config.correction != "none":
+        for name in ("prev", "ctx", "out"):
+            rows.append((("correction", f"{name}_kernel"),
+                         f"{DBLAST_PREFIX}correction.{name}_proj.weight", "T"))
     return rows
 
 
@@ -158,6 +162,7 @@ def drafter_config_from_dflash(cfg: dict, target_config: TargetConfig, *,
         raise ValueError(f"{source}: target_layer_ids {list(ids)} (num_target_layers "
                          f"{n_target}) do not fit the {target_config.num_layers}-layer "
                          f"target {target_config.name}")
+    correction, correction_rank = _correction_of(dblast, source)
     return DrafterConfig(
         hidden_size=hidden, intermediate_size=int(cfg["intermediate_size"]),
         num_layers=n_layers, num_heads=heads,
@@ -169,7 +174,23 @@ def drafter_config_from_dflash(cfg: dict, target_config: TargetConfig, *,
         mask_token_id=None if mask_id is None else int(mask_id),
         num_categories=int(dblast.get("num_categories", 1)),
         expander_width=int(dblast.get("expander_width", 0)),
+        correction=correction, correction_rank=correction_rank,
         name=str(cfg.get("name_or_path", cfg.get("_name_or_path", "dflash")) or "dflash"))
+
+
+def _correction_of(dblast: dict, source: str) -> tuple[str, int]:
+    """(correction, correction_rank) recorded in `dblast_config` (absent: none, 0); a
+    correction this version does not know is refused (it could not draft losslessly)."""
+    from dblast_jax.config import CORRECTIONS
+    correction = dblast.get("correction", "none")
+    rank = dblast.get("correction_rank", 0)
+    if correction not in CORRECTIONS:
+        raise ValueError(f"{source}: dblast_config.correction {correction!r} is not one this "
+                         f"version of dblast_jax can draft with ({', '.join(CORRECTIONS)})")
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < (correction != "none"):
+        raise ValueError(f"{source}: dblast_config.correction_rank must be an integer >= 1 "
+                         f"with correction {correction!r}, got {rank!r}")
+    return correction, rank
 
 
 def dflash_config_dict(config: DrafterConfig, dtype: str = "float32") -> dict:
@@ -218,7 +239,13 @@ def dflash_config_dict(config: DrafterConfig, dtype: str = "float32") -> dict:
             "note": ("DBlast-only checkpoint (K > 1 latent mixture and/or learned mask "
                      "embedding): load it with dblast_jax (load_drafter) or "
                      "dblast_jax.io.torch_drafter.DBlastDrafterTorch, not with DFlash "
-                     "loaders (dflash.DFlashDraftModel, vLLM, SGLang)"),
+                     "loaders (dflash.DFlashDraftModel, vLLM, SGLang)"
+                     if config.correction == "none" else
+                     "DBlast-only checkpoint with a serial correction head (drafts are "
+                     "taken left to right, each position's logits corrected by the token "
+                     "drafted before it): load it with dblast_jax (load_drafter), not with "
+                     "DFlash loaders (dflash.DFlashDraftModel, vLLM, SGLang) nor "
+                     "dblast_jax.io.torch_drafter"),
             "format_version": FORMAT_VERSION,
             "num_categories": config.num_categories,
             "expander_width": config.expander_width,
@@ -227,12 +254,21 @@ def dflash_config_dict(config: DrafterConfig, dtype: str = "float32") -> dict:
             "expander": "branch_z = u + out_proj_z(silu(in_proj_z(u))), u = norm(h)",
             "tensor_prefix": DBLAST_PREFIX,
         }
+        if config.correction != "none":
+            cfg["dblast_config"].update({
+                "correction": config.correction,
+                "correction_rank": config.correction_rank,
+                "correction_formula": (
+                    "logits_i = lm_head(h_i + out_proj(silu(prev_proj(rmsnorm(embed(x_{i-1})))"
+                    " + ctx_proj(h_i)))), x_0 = the anchor, h_i = branch state; drafts "
+                    "left to right"),
+            })
     return cfg
 
 
 def needs_dblast_extras(config: DrafterConfig) -> bool:
     return (config.num_categories > 1 or config.expander_width > 0
-            or config.mask_token_id is None)
+            or config.mask_token_id is None or config.correction != "none")
 
 
 # ---- safetensors ------------------------------------------------------------------------

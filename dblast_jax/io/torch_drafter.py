@@ -152,6 +152,11 @@ class _DrafterCore:
         self.mask_token_id = None if self.learned_mask else dflash.get("mask_token_id")
         self.num_categories = int(dblast.get("num_categories", 1))
         self.expander_width = int(dblast.get("expander_width", 0))
+        if dblast.get("correction", "none") != "none":
+            raise ValueError(f"this export has a serial correction head (dblast_config."
+                             f"correction {dblast['correction']!r}), which this PyTorch "
+                             "drafter does not implement: load it with dblast_jax "
+                             "(load_drafter)")
         nkv = int(c.get("num_key_value_heads") or heads)
         d = int(c.get("head_dim") or h // heads)
         eps = float(c.get("rms_norm_eps", 1e-6))

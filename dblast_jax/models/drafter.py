@@ -24,6 +24,13 @@ DBlast additions (K = `num_categories`):
   token. The head starts at zero (uniform prior), which is harmless: symmetry is broken
   by the expander, see `Expander`.
 
+Serial correction head (`correction = "previous-token"`, rank r; dblast_jax/correction.py
+drafts with it): position i's branch state gets `+ offset(x_{i-1}, h_i)`, a rank-r map of
+the token at position i - 1 (the anchor for i = 1) and of the branch's own state, see
+`Correction`. `train_hidden` applies it teacher-forced (x_{i-1} is the data token);
+`draft_hidden` returns the uncorrected parallel states and the sampler adds the
+correction serially, left to right, from the tokens it drafts.
+
 Parameters are a plain nested dict (see `PARAM_LAYOUT`), separate from the target's.
 All public functions are jittable with the configs (keyword arguments) static.
 
@@ -77,6 +84,9 @@ expander/in_kernel               [K, H, E]  (expander_width E > 0)
 expander/out_kernel              [K, E, H]  (expander_width E > 0)
 prior/kernel                     [H, K]     (K > 1)
 prior/bias                       [K]        (K > 1)
+correction/prev_kernel           [H, r]     (correction "previous-token", rank r)
+correction/ctx_kernel            [H, r]     (correction "previous-token")
+correction/out_kernel            [r, H]     (correction "previous-token"; starts at zero)
 """
 
 DraftCache = KVCache  # same layout and convention as the target's cache
@@ -135,6 +145,62 @@ class PriorHead(nnx.Module):
         return logits + self.bias[...].astype(jnp.float32)
 
 
+def rms_normalize(x: Array, eps: float) -> Array:
+    """x / rms(x) over the last axis, in float32 (no learned scale)."""
+    x = x.astype(jnp.float32)
+    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
+
+
+class Correction(nnx.Module):
+    """The serial correction head: offset(x_prev, h) = silu(e W_p + h W_c) W_o, rank r.
+
+    e is the target's (frozen) input embedding of the previous token x_prev, RMS-normalised
+    (no learned scale); h is the branch's final-normed state at this position; W_p, W_c
+    are [H, r] and W_o [r, H]. The offset is added to h, so the corrected logits are
+    `lm_head(h + offset) = lm_head(h) + silu(a) @ lm_head(W_o)`.
+
+    Why this shape. (1) It reuses the target's embedding and LM head, so it owns 3 H r
+    parameters and no [V]-sized table. (2) The part that depends on x_prev is one row
+    lookup and an [H] x [H, r] product, and the part that reaches the vocabulary is a rank-r
+    basis lm_head(W_o) [r, V]: a serial step costs O(H r + r V), far below one LM head row
+    (O(H V)) or a drafter pass, and h W_c comes from the parallel pass for every position
+    at once. (3) Mixing h into the activation makes the correction depend on what
+    position i was about to say, not only on a bigram of x_prev. (4) In hidden space every
+    training path (chunked log-softmax, the sampled head, distillation) takes the corrected
+    state unchanged.
+
+    Initialisation: W_o = 0 (so a new head is exactly the drafter without it, and W_p, W_c
+    get gradients once W_o moves, as in LoRA), W_p and W_c normal with std 1 / sqrt(H)
+    (e and h have rms ~ 1: pre-activations of rms ~ sqrt(2))."""
+
+    def __init__(self, hidden_size: int, rank: int, eps: float, rngs: nnx.Rngs,
+                 dtype=jnp.float32):
+        std = 1.0 / math.sqrt(hidden_size)
+        self.prev_kernel = nnx.Param((std * jax.random.normal(
+            rngs.params(), (hidden_size, rank), jnp.float32)).astype(dtype))
+        self.ctx_kernel = nnx.Param((std * jax.random.normal(
+            rngs.params(), (hidden_size, rank), jnp.float32)).astype(dtype))
+        self.out_kernel = nnx.Param(jnp.zeros((rank, hidden_size), dtype))
+        self.eps = eps
+
+    def prev_features(self, prev_embed: Array) -> Array:
+        """Target embeddings of the previous tokens [.., H] -> [.., r] float32."""
+        e = rms_normalize(prev_embed, self.eps).astype(self.prev_kernel[...].dtype)
+        return jnp.einsum("...h,hr->...r", e, self.prev_kernel[...],
+                          preferred_element_type=jnp.float32)
+
+    def ctx_features(self, hidden: Array) -> Array:
+        """Branch states [.., H] -> [.., r] float32."""
+        return jnp.einsum("...h,hr->...r", hidden, self.ctx_kernel[...],
+                          preferred_element_type=jnp.float32)
+
+    def __call__(self, prev_embed: Array, hidden: Array) -> Array:
+        """prev_embed, hidden [.., H] (broadcastable) -> offsets [.., H] in hidden's dtype."""
+        a = jax.nn.silu(self.prev_features(prev_embed) + self.ctx_features(hidden))
+        return jnp.einsum("...r,rh->...h", a.astype(self.out_kernel[...].dtype),
+                          self.out_kernel[...]).astype(hidden.dtype)
+
+
 class Drafter(nnx.Module):
     def __init__(self, config: DrafterConfig, rngs: nnx.Rngs, dtype=jnp.float32):
         c = config
@@ -157,6 +223,9 @@ class Drafter(nnx.Module):
                                      rngs, dtype)
         if c.num_categories > 1:
             self.prior = PriorHead(c.hidden_size, c.num_categories, dtype)
+        if c.correction != "none":
+            self.correction = Correction(c.hidden_size, c.correction_rank, c.rms_norm_eps,
+                                         rngs, dtype)
 
 
 # ---- params <-> module ------------------------------------------------------------------
@@ -201,7 +270,8 @@ def abstract_drafter_params(drafter_config: DrafterConfig,
 def init_drafter_params(drafter_config: DrafterConfig, target_config: TargetConfig,
                         rng: Array | int = 0, dtype=jnp.float32) -> Params:
     """Random drafter parameters: normal(0.02) kernels and mask embedding, unit norms,
-    small independent per-category expander weights, zero prior head (see `Expander`).
+    small independent per-category expander weights, zero prior head (see `Expander`),
+    and a correction head that starts at zero (`Correction`).
 
     The values follow the module initialisers but are drawn with numpy on the host:
     on CPU that is seconds faster than dispatching or compiling hundreds of small XLA
@@ -217,10 +287,12 @@ def init_drafter_params(drafter_config: DrafterConfig, target_config: TargetConf
         name = "/".join(str(getattr(k, "key", k)) for k in path)
         if name.endswith("scale"):
             x = np.ones(a.shape, np.float32)
-        elif name.startswith("prior/"):
+        elif name.startswith("prior/") or name == "correction/out_kernel":
             x = np.zeros(a.shape, np.float32)
         else:
             std = {"expander/in_kernel": 1.0 / math.sqrt(h),
+                   "correction/prev_kernel": 1.0 / math.sqrt(h),
+                   "correction/ctx_kernel": 1.0 / math.sqrt(h),
                    "expander/out_kernel": EXPANDER_INIT_OFFSET_RMS / math.sqrt(e)}.get(name, 0.02)
             x = std * gen.standard_normal(a.shape, np.float32)
         return jnp.asarray(x.astype(np_dtype))
@@ -454,6 +526,10 @@ def train_hidden(dparams: Params, tparams: Params, taps: Array, tokens: Array,
     `draft_hidden` on the same anchor and context. Anchors may repeat (the outputs are
     then equal); masking anchors that are padding is the caller's job.
 
+    With a correction head the branch states are corrected teacher-forced: slot i's
+    previous token is the data token tokens[b, anchor + i - 1] (the anchor for i = 1), so
+    they equal what the sampler projects when it drafts that same prefix.
+
     Cost: attention scores are [B, A, Nq, b, T + b] float32 (the A*b x A*b block-to-
     block part of a dense mask is never built); for very many anchors over long T,
     call this on anchor chunks.
@@ -481,7 +557,30 @@ def train_hidden(dparams: Params, tparams: Params, taps: Array, tokens: Array,
     x = _block_embeddings(model, drafter_config, tparams, anchor_tokens, _dtype_of(dparams))
     visible = jnp.arange(t, dtype=jnp.int32)[None, None, :] < anchors[:, :, None]
     u = _blocks_forward(model, drafter_config, x, anchors, ctx_kv, visible)
-    return _heads(model, drafter_config, u)
+    branch, prior = _heads(model, drafter_config, u)
+    if drafter_config.correction != "none":
+        idx = anchors[:, :, None] + jnp.arange(drafter_config.block_size - 1, dtype=jnp.int32)
+        prev = jnp.take_along_axis(tokens, jnp.clip(idx, 0, t - 1).reshape(b, -1), axis=1)
+        prev_embed = target_lib.embed(tparams, prev).reshape(idx.shape + (-1,))
+        branch = branch + model.correction(prev_embed[:, :, None], branch)
+    return branch, prior
+
+
+def correction_parts(dparams: Params, branch_hidden: Array, *,
+                     drafter_config: DrafterConfig) -> tuple[Array, Array]:
+    """The parallel half of the correction, for the sampler's serial steps
+    (dblast_jax/correction.py): (ctx [.., r] float32 = branch_hidden W_c for every
+    position at once, out_kernel W_o [r, H]). See `Correction`."""
+    corr = _module(dparams, drafter_config).correction
+    return corr.ctx_features(branch_hidden), corr.out_kernel[...]
+
+
+def correction_prev_features(dparams: Params, tparams: Params, prev_tokens: Array, *,
+                             drafter_config: DrafterConfig) -> Array:
+    """Previous tokens [..] int -> e W_p [.., r] float32 (one serial step's input side)."""
+    model = _module(dparams, drafter_config)
+    return model.correction.prev_features(jnp.take(tparams["embed"]["embedding"],
+                                                   prev_tokens, axis=0))
 
 
 def select_branch(branch_hidden: Array, branch: Array) -> Array:

@@ -56,6 +56,9 @@ def experiment_identity(drafter_config, target_name: str, loss: str,
     dc = dataclasses.asdict(drafter_config)
     dc = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dc.items()}
     dc.pop("name", None)  # a label, not a shape
+    if dc.get("correction") == "none":  # recorded only when on: older workdirs resume
+        dc.pop("correction")
+        dc.pop("correction_rank", None)
     out = {"version": IDENTITY_VERSION, "drafter_config": dc, "target": str(target_name),
            "loss": str(loss)}
     if tap_rms_scaling:

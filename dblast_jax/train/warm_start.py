@@ -39,9 +39,10 @@ Params = dict[str, Any]
 DRAFTER_PREFIX = "drafter:"
 _WHO = f"drafter_init={DRAFTER_PREFIX}SPEC"  # how errors name the option
 # DrafterConfig fields that only the DBlast heads depend on: the source may differ there
-_HEAD_FIELDS = ("num_categories", "expander_width", "name")
-# parameter subtrees that a K > 1 drafter has and a K = 1 drafter lacks
-_HEAD_PARAMS = ("expander", "prior")
+_HEAD_FIELDS = ("num_categories", "expander_width", "correction", "correction_rank", "name")
+# parameter subtrees that a K > 1 drafter (or one with a correction head) has and a K = 1
+# drafter lacks: a run may add them to the trunk it starts from
+_HEAD_PARAMS = ("expander", "prior", "correction")
 
 _COPIED = ("input_norm/scale", "post_attn_norm/scale", "attn/q_proj/kernel",
            "attn/k_proj/kernel", "attn/v_proj/kernel", "attn/o_proj/kernel",

@@ -1,0 +1,270 @@
+"""The serial correction head (correction = "previous-token"): exact, and trained as drafted.
+
+Exactness is tested like every drafting mode of test_speculative.py: a chi-square test of
+all 6**4 continuations against the target's exact distribution, with a random *non-zero*
+correction strong enough that drafting from the uncorrected q would be a different
+proposal (the power check verifies against exactly that q and must fail). The rest:
+T = 0 is plain greedy decoding, a zero correction drafts what the drafter without it
+drafts (same random draws), the training pass's teacher-forced states are the ones the
+sampler drafts from, a training step reaches the correction's parameters, the export
+round-trips, and bad settings are one-line errors.
+"""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import chi_square_pvalue  # tests/ is on sys.path (pytest "prepend" mode)
+from test_speculative import (NEW, P_VALUE, PROMPT, exact_distribution, sample_sequences,
+                              tiny)  # noqa: F401 (tiny is a fixture)
+
+from dblast_jax import correction as CORR
+from dblast_jax import draft_vocab as DV
+from dblast_jax.config import DrafterConfig, DrafterSpec, SamplingConfig, TargetConfig
+from dblast_jax.io import dflash
+from dblast_jax.models import drafter as D
+from dblast_jax.models import target as T
+from dblast_jax.sampler import (generate_tokens, pad_prompts, spec_cache_size,
+                                speculative_generate_tokens)
+
+RANK = 4
+
+
+def with_correction(dc, dp, seed=7, scale=3.0):
+    """The drafter plus a random correction head of rank RANK (out kernel non-zero)."""
+    dcc = dc.replace(correction="previous-token", correction_rank=RANK)
+    gen = np.random.default_rng(seed)
+    h = dc.hidden_size
+    corr = {"prev_kernel": gen.standard_normal((h, RANK)) / np.sqrt(h),
+            "ctx_kernel": gen.standard_normal((h, RANK)) / np.sqrt(h),
+            "out_kernel": scale * gen.standard_normal((RANK, h))}
+    return dcc, dict(dp, correction={k: jnp.asarray(v, jnp.float32) for k, v in corr.items()})
+
+
+@pytest.fixture(scope="module")
+def corrected(tiny):
+    tc, tp, dc, dp = tiny
+    return (tc, tp) + with_correction(dc, dp)
+
+
+CASES = [("greedy-branch", 0.7, 0, 1.0), ("greedy-branch", 1.5, 0, 1.0),
+         ("greedy-branch", 1.0, 3, 0.9), ("sampled-branch", 0.7, 0, 1.0),
+         ("sampled-branch", 1.0, 0, 1.0), ("sampled-branch", 1.5, 4, 0.9),
+         ("mixture", 1.0, 0, 1.0), ("sampled-mixture", 1.5, 0, 1.0)]
+
+
+@pytest.mark.parametrize("mode,temperature,top_k,top_p", CASES)
+def test_correction_head_is_lossless(corrected, mode, temperature, top_k, top_p):
+    tc, tp, dc, dp = corrected
+    sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p,
+                              max_new_tokens=NEW, verify_mode=mode, category_temperature=1.3,
+                              draft_temperature=0.8)
+    seqs, probs = exact_distribution(tc, tp, sampling)
+    samples, accepted, _ = sample_sequences(tc, tp, dc, dp, sampling)
+    assert chi_square_pvalue(samples, seqs, probs) > P_VALUE
+    assert (accepted > 0).mean() > 0.02
+
+
+def test_correction_with_a_draft_vocabulary_is_lossless(corrected):
+    """The correction is added to the logits over the draft vocabulary's ids."""
+    tc, tp, dc, dp = corrected
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=NEW,
+                              verify_mode="sampled-branch", draft_temperature=0.8)
+    seqs, probs = exact_distribution(tc, tp, sampling)
+    samples, accepted, _ = sample_sequences(tc, tp, dc, DV.attach(dp, tp, [3, 1, 0], tc),
+                                            sampling, seed=2)
+    assert chi_square_pvalue(samples, seqs, probs) > P_VALUE
+    assert (accepted > 0).mean() > 0.02
+
+
+def test_the_test_has_power_when_verified_against_the_uncorrected_q(corrected, monkeypatch):
+    """Drafts taken from the corrected q but verified against the parallel pass's own q
+    (the correction left out of the proposal: a plausible bug) must fail the test."""
+    tc, tp, dc, dp = corrected
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=NEW,
+                              verify_mode="sampled-branch", draft_temperature=0.8)
+    seqs, probs = exact_distribution(tc, tp, sampling)
+    real = CORR.serial_scan
+
+    def uncorrected_proposal(base, ctx, basis, anchor, *args, temperature=1.0, **kw):
+        drafts, log_q = real(base, ctx, basis, anchor, *args, temperature=temperature, **kw)
+        if log_q is None:
+            return drafts, log_q
+        return drafts, jax.nn.log_softmax(base / temperature, axis=-1)
+
+    monkeypatch.setattr(CORR, "serial_scan", uncorrected_proposal)
+    jax.clear_caches()
+    try:
+        samples, _, _ = sample_sequences(tc, tp, dc, dp, sampling, seed=1)
+    finally:
+        monkeypatch.undo()
+        jax.clear_caches()
+    assert chi_square_pvalue(samples, seqs, probs) < P_VALUE
+
+
+def _draft_step(tc, tp, dc, dp, sampling, n=64, seed=0):
+    """One draft (drafts, proposal) of the sampler for n rows after PROMPT + anchor 2."""
+    from types import SimpleNamespace
+
+    from dblast_jax.sampler import _trained_draft, step_keys
+    seq = jnp.tile(jnp.asarray([PROMPT + [2]], jnp.int32), (n, 1))
+    _, taps = T.forward(tp, seq, config=tc, tap_layers=dc.target_layer_ids)
+    core, _ = DV.split(dp)
+    cache = D.append_context(core, taps[:, :len(PROMPT)], jnp.zeros((n,), jnp.int32),
+                             D.init_draft_cache(dc, n, 16), drafter_config=dc)
+    state = SimpleNamespace(anchor=seq[:, -1], anchor_pos=jnp.full((n,), len(PROMPT)),
+                            draft_cache=cache)
+    return _trained_draft(dp, tp, state, step_keys(jax.random.key(seed), jnp.int32(0)),
+                          tc, dc, sampling)
+
+
+@pytest.mark.parametrize("draft_ids", [None, [3, 1, 0]])
+def test_a_zero_correction_drafts_what_the_drafter_without_it_drafts(tiny, draft_ids):
+    """In every mode, the same drafts from the same random draws and the same proposal:
+    the serial drafting reduces exactly to the parallel drafting (also over a draft
+    vocabulary); a non-zero correction changes the proposal."""
+    tc, tp, dc, dp = tiny
+    dcc, dpz = with_correction(dc, dp, scale=0.0)
+    _, dpn = with_correction(dc, dp)
+    if draft_ids is not None:
+        dp, dpz, dpn = (DV.attach(p, tp, draft_ids, tc) for p in (dp, dpz, dpn))
+    for mode in ("greedy-branch", "sampled-branch", "mixture", "sampled-mixture"):
+        sampling = SamplingConfig(temperature=1.0, max_new_tokens=NEW, verify_mode=mode,
+                                  category_temperature=1.3, draft_temperature=0.8)
+        plain = _draft_step(tc, tp, dc, dp, sampling)
+        zero = _draft_step(tc, tp, dcc, dpz, sampling)
+        np.testing.assert_array_equal(np.asarray(zero[0]), np.asarray(plain[0]))
+        np.testing.assert_allclose(np.asarray(zero[1]), np.asarray(plain[1]), atol=1e-6)
+        if mode.startswith("sampled"):
+            other = _draft_step(tc, tp, dcc, dpn, sampling)[1]
+            assert np.abs(np.asarray(other) - np.asarray(plain[1])).max() > 0.1, mode
+
+
+def test_temperature_zero_equals_plain_greedy(corrected):
+    tc, tp, dc, dp = corrected
+    tokens, lengths = pad_prompts([[1, 4], [2, 5, 3], [0]])
+    greedy = SamplingConfig(temperature=0.0, max_new_tokens=NEW)
+    plain, _ = generate_tokens(tp, tokens, lengths, jax.random.key(0), config=tc,
+                               sampling=greedy, cache_size=16)
+    for mode in ("greedy-branch", "mixture"):
+        sampling = greedy.replace(verify_mode=mode)
+        spec = speculative_generate_tokens(
+            tp, dp, tokens, lengths, jax.random.key(0), target_config=tc, drafter_config=dc,
+            sampling=sampling, cache_size=spec_cache_size(tokens.shape[1], sampling,
+                                                          dc.block_size))
+        np.testing.assert_array_equal(np.asarray(spec[0]), np.asarray(plain))
+
+
+def test_training_pass_is_the_teacher_forced_drafting_pass(corrected):
+    """train_hidden on [prompt, anchor, d_1 .. d_{b-1}] corrects slot i with d_{i-1}: its
+    logits are the sampler's serial logits for that drafted prefix, so the argmax chain
+    the sampler drafts is the training pass's argmax (K = 4: every branch)."""
+    tc, tp, dc, dp = corrected
+    seq = jnp.asarray([PROMPT + [2]], jnp.int32)  # the anchor 2 at position len(PROMPT)
+    anchor_pos = len(PROMPT)
+    cache = D.init_draft_cache(dc, 1, 16)
+    _, taps = T.forward(tp, seq, config=tc, tap_layers=dc.target_layer_ids)
+    cache = D.append_context(dp, taps[:, :anchor_pos], jnp.zeros((1,), jnp.int32), cache,
+                             drafter_config=dc)
+    hidden, _ = D.draft_hidden(dp, tp, seq[:, -1], jnp.asarray([anchor_pos]), cache,
+                               drafter_config=dc, target_config=tc)
+    base = D.branch_logits(tp, hidden, tc)  # [1, K, b-1, V]
+    ctx, w_out = D.correction_parts(dp, hidden, drafter_config=dc)
+    prev = lambda t: D.correction_prev_features(dp, tp, t, drafter_config=dc)  # noqa: E731
+    chains, _ = CORR.serial_scan(base, ctx, D.branch_logits(tp, w_out, tc), seq[:, -1], prev,
+                                 lambda i: i.astype(jnp.int32))
+    assert not np.array_equal(np.asarray(chains), np.asarray(jnp.argmax(base, -1)))
+    for z in range(dc.num_categories):
+        full = jnp.concatenate([seq, chains[:, z]], axis=1)
+        _, taps = T.forward(tp, full, config=tc, tap_layers=dc.target_layer_ids)
+        h, _ = D.train_hidden(dp, tp, taps, full, jnp.asarray([[anchor_pos]]),
+                              drafter_config=dc, target_config=tc)
+        logits = D.branch_logits(tp, h[0, 0, z], tc)  # [b-1, V]
+        np.testing.assert_array_equal(np.asarray(jnp.argmax(logits, -1)),
+                                      np.asarray(chains[0, z]))
+
+
+def test_a_training_step_reaches_the_correction(tmp_path):
+    """`--override correction=previous-token` trains a correction head: with the NLL +
+    AL loss, distillation and the sampled head, the loss's gradient reaches all three
+    matrices (W_o starts at zero, W_p / W_c once W_o has moved), and the run's export
+    loads back with the head."""
+    from conftest import tiny_cfg, tiny_target
+
+    from dblast_jax.train import trainer as TR
+    cfg = tiny_cfg("tiny_k1_al", "correction=previous-token", "drafter.correction_rank=8",
+                   "num_steps=3", "checkpoint_every=3", "distill_weight=0.5",
+                   "train_head_tokens=16", "train_head_sampled=8")
+    target = tiny_target()
+    trainer = TR.Trainer(cfg, str(tmp_path), target=target, progress=False,
+                         log=lambda s: None)
+    start = jax.device_get(trainer.state.params["correction"])
+    result = trainer.run()
+    trainer.close()
+    params = jax.device_get(result.params)
+    assert not np.any(start["out_kernel"])
+    for name in ("prev_kernel", "ctx_kernel", "out_kernel"):
+        assert np.isfinite(params["correction"][name]).all()
+        assert not np.array_equal(params["correction"][name], start[name]), name
+    config, loaded = dflash.load_dflash(str(tmp_path / "export"), target[0])
+    assert (config.correction, config.correction_rank) == ("previous-token", 8)
+    for name, value in params["correction"].items():
+        np.testing.assert_array_equal(loaded["correction"][name], value)
+
+
+def test_export_round_trip_and_dblast_only(corrected, tmp_path):
+    tc, tp, dc, dp = corrected
+    dc = dc.replace(mask_token_id=0, num_categories=1, expander_width=0)
+    dp = {k: v for k, v in D.init_drafter_params(dc, tc, 3).items()}
+    dp["correction"] = corrected[3]["correction"]
+    assert dflash.needs_dblast_extras(dc)
+    assert not dflash.needs_dblast_extras(dc.replace(correction="none", correction_rank=0))
+    folder = dflash.export_drafter(dp, dc, str(tmp_path / "out"))
+    cfg = json.load(open(tmp_path / "out" / "config.json"))
+    assert cfg["dblast_config"]["dblast_only"] is True
+    assert (cfg["dblast_config"]["correction"], cfg["dblast_config"]["correction_rank"]) == (
+        "previous-token", RANK)
+    config, loaded = dflash.load_dflash(folder, tc)
+    assert config == dc.replace(name=config.name)
+    for a, b in zip(jax.tree.leaves(dp), jax.tree.leaves(loaded)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    from safetensors.numpy import load_file
+    keys = set(load_file(str(tmp_path / "out" / "model.safetensors")))
+    assert {"dblast.correction.prev_proj.weight", "dblast.correction.ctx_proj.weight",
+            "dblast.correction.out_proj.weight"} <= keys
+    bad = dict(cfg, dblast_config=dict(cfg["dblast_config"], correction="gru"))
+    with pytest.raises(ValueError, match="correction 'gru' is not one this version"):
+        dflash.drafter_config_from_dflash(bad, tc)
+    from dblast_jax.io.torch_drafter import _DrafterCore
+    with pytest.raises(ValueError, match="serial correction head"):
+        _DrafterCore()._build(cfg)
+
+
+def test_bad_settings_are_one_line_errors():
+    tc = TargetConfig.tiny_llama()
+    for kw, message in [
+            (dict(correction="gru"), "correction must be one of none, previous-token, got 'gru'"),
+            (dict(correction="previous-token", correction_rank=0),
+             "correction_rank must be an integer >= 1 for correction 'previous-token', got 0"),
+            (dict(correction_rank=4), "correction_rank 4 needs correction=previous-token"),
+            (dict(correction="previous-token", correction_rank=49),
+             "correction_rank 49 exceeds hidden_size 48")]:
+        with pytest.raises(ValueError, match=message) as e:
+            DrafterConfig.for_target(tc, **kw)
+        assert "\n" not in str(e.value)
+    assert DrafterConfig.for_target(tc, correction="previous-token").correction_rank == 32
+    from dblast_jax.train import config as TC
+    with pytest.raises(ValueError, match=r"drafter.correction must be one of none, "
+                                         r"previous-token, got 'prev'"):
+        TC.get_experiment("smollm2_k1_al", ["correction=prev"])
+    with pytest.raises(ValueError, match="drafter.correction_rank 8 needs"):
+        TC.get_experiment("smollm2_k1_al", ["drafter.correction_rank=8"])
+    cfg = TC.get_experiment("smollm2_k1_al", ["correction=previous-token"])
+    assert cfg == TC.get_experiment("smollm2_k1_al", ["drafter.correction=previous-token"])
+    assert cfg.drafter == DrafterSpec(num_layers=1, block_size=8,
+                                      target_layer_ids=TC.SMOLLM2_TARGET_LAYER_IDS,
+                                      mask_token_id=TC.SMOLLM2_MASK_TOKEN_ID,
+                                      correction="previous-token")
+    assert cfg.drafter_config(TargetConfig.smollm2_135m()).correction_rank == 32
