@@ -3,7 +3,7 @@
     python launch/make_data.py --out=data/smollm2-T1 --gen_temperatures=1.0 \
         --verify_temperatures=0.7,1.0,1.5 --max_new_tokens=512 --batch_size=8
 
-Re-running with the same flags skips finished shards; --max_shards bounds one session.
+Re-running with the same flags skips finished shards; --max_shards bounds one run.
 Several processes (one per host of a pod, say) share the shards: run the same command on
 each with --auto_distributed, or --coordinator_address / --num_processes / --process_id
 (as launch/train.py); --out must then be one shared folder. --mesh=-1,1,1 splits each

@@ -6,7 +6,7 @@
 #   STEPS=400 PROMPTS=8 bash experiments/smollm2/reproduce.sh   # a bigger budget
 #
 # Stages: (1) the corpus (the target's own answers to the deduplicated training prompts,
-# committed under corpora/ and grown across sessions), (2) the four main drafters on a
+# committed under corpora/ and grown by rerunning the same command), (2) the four main drafters on a
 # fixed snapshot of it (data_shards), (3) evaluation on the four benchmarks at
 # T = 0.7 / 1.0 / 1.5 against plain decoding, with the K = 4 AL drafter also under
 # `mixture` verification. Results land in $EVAL (default $RUNS/eval: results.md / .json / .csv, PNGs);
