@@ -189,3 +189,39 @@ def test_corrupt_token_counts_name_the_file(tmp_path, tiny_target):
         f.write(b"not an npy file")
     with pytest.raises(ValueError, match="token_counts.npy: unreadable token counts"):
         G.drafter_from_spec(folder, tiny_target)
+
+
+def test_held_out_scoring_over_a_draft_vocabulary_matches_numpy():
+    """Validation scores a draft vocabulary as drafted: log q = logit - logsumexp over the
+    vocabulary's ids, -inf for a label outside it; argmax a target id."""
+    from dblast_jax.train.config import TrainConfig
+    from dblast_jax.train.objective import _draft_vocab_logprobs
+    rng = np.random.default_rng(0)
+    vocab, hid = 11, 5
+    head = rng.normal(size=(vocab, hid)).astype(np.float32)
+    hidden = rng.normal(size=(2, 3, hid)).astype(np.float32)
+    labels = rng.integers(0, vocab, (2, 3))
+    ids = np.array([7, 2, 9, 4])
+    dv = {"ids": jnp.asarray(ids), "head": jnp.asarray(head[ids])}
+    got = _draft_vocab_logprobs(jnp.asarray(hidden), dv, jnp.asarray(labels), vocab,
+                                TrainConfig(name="t", target="t", data="synthetic"))
+    logits = hidden @ head[ids].T
+    lse = np.log(np.exp(logits).sum(-1))
+    for idx in np.ndindex(labels.shape):
+        lab = labels[idx]
+        want = logits[idx][list(ids).index(lab)] - lse[idx] if lab in ids else -np.inf
+        np.testing.assert_allclose(got.logprob[idx], want, rtol=1e-5)
+        assert int(got.argmax[idx]) == ids[np.argmax(logits[idx])]
+
+
+def test_validate_scores_a_draft_vocabulary(tiny_target):
+    from dblast_jax.train import validation as V
+    drafter = G.drafter_from_spec("random", tiny_target)
+    drafter.token_counts = np.arange(tiny_target.config.vocab_size)[::-1].copy()
+    drafters = {"full": drafter, "v8": G.with_draft_vocab(drafter, tiny_target, 8)}
+    got = V.validate_drafters(drafters, tiny_target, "synthetic", num_batches=1,
+                              batch_size=2, seq_len=32, anchors_per_sequence=4,
+                              progress=False)
+    for name in drafters:
+        assert np.isfinite(got[name]["al_estimate"]) and got[name]["al_estimate"] >= 0
+    assert got["v8"]["al_estimate"] != got["full"]["al_estimate"]

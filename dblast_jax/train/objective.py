@@ -20,8 +20,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from dblast_jax import losses
-from dblast_jax.chunked_logits import token_logprobs
+from dblast_jax import draft_vocab, losses
+from dblast_jax.chunked_logits import TokenLogprobs, token_logprobs
 from dblast_jax.config import DrafterConfig, TargetConfig
 from dblast_jax.models import drafter as drafter_lib
 from dblast_jax.models import target as target_lib
@@ -187,6 +187,20 @@ def mixture_conditional_logq(logq: Array, prior_logits: Array, mask: Array) -> A
                      -jnp.inf)
 
 
+def _draft_vocab_logprobs(hidden: Array, dv: Params, labels: Array, vocab_size: int,
+                          cfg: TrainConfig) -> TokenLogprobs:
+    """log q(labels) with q the softmax over the draft vocabulary's ids only (-inf for a
+    label outside it: never proposed), argmax as a target id: what the drafter's
+    acceptance is when it drafts over those ids (dblast_jax/draft_vocab.py)."""
+    ids = dv["ids"]
+    index = jnp.full((vocab_size,), -1, jnp.int32).at[ids].set(
+        jnp.arange(ids.shape[0], dtype=jnp.int32))[labels]
+    tl = token_logprobs(hidden, dv["head"], "vh", jnp.maximum(index, 0), 1.0,
+                        cfg.logits_chunk_size, row_chunk_size=cfg.logits_row_chunk_size or None)
+    return TokenLogprobs(jnp.where(index >= 0, tl.logprob, -jnp.inf), ids[tl.argmax],
+                         tl.entropy)
+
+
 def loss_terms(dparams: Params, tparams: Params, batch: Mapping[str, Array], rng: Array,
                step: Array, *, config: TrainConfig, drafter_config: DrafterConfig,
                target_config: TargetConfig, logp_mode: Optional[str],
@@ -196,6 +210,11 @@ def loss_terms(dparams: Params, tparams: Params, batch: Mapping[str, Array], rng
     head_ids [F]: the frequent tokens of the sampled training head (config
     train_head_tokens > 0; then log q and every metric built on it are estimates)."""
     cfg, dcfg, tcfg = config, drafter_config, target_config
+    # a draft-time vocabulary attached for scoring (`dblast validate NAME=DIR@draft_vocab=N`)
+    dparams, dv = draft_vocab.split(dparams)
+    if dv is not None and (cfg.train_head_tokens > 0 or cfg.distill_weight > 0):
+        raise ValueError("a draft-time vocabulary is a decode-time setting: it is scored "
+                         "(validation), not trained (no sampled head, no distillation)")
     b = dcfg.block_size
     tokens = batch["tokens"]
     loss_mask, lengths = batch["loss_mask"], batch["lengths"]
@@ -244,6 +263,8 @@ def loss_terms(dparams: Params, tparams: Params, batch: Mapping[str, Array], rng
         tl = sampled_token_logprobs(branch_hidden, head, layout, branch_labels, head_ids,
                                     jax.random.fold_in(rng, 1), cfg.train_head_sampled,
                                     row_chunk_size=cfg.logits_row_chunk_size or None)
+    elif dv is not None:  # scored as drafted over a draft-time vocabulary (validation)
+        tl = _draft_vocab_logprobs(branch_hidden, dv, branch_labels, tcfg.vocab_size, cfg)
     else:
         tl = token_logprobs(branch_hidden, head, layout, branch_labels, 1.0,
                             cfg.logits_chunk_size,
