@@ -12,6 +12,13 @@ OUT=${OUT:-experiments/smollm2/results_draft_vocab}
 PROMPTS=${PROMPTS:-2}
 NEW_TOKENS=${NEW_TOKENS:-96}
 K1=pretrained:smollm2-dflash-k1
+# held out first (corpora/smollm2_t1 shards 68-71, T_v = 1.0, 16 batches paired across
+# drafters): the expected accepted drafts each vocabulary keeps
+[ -f $OUT/validation_t1.0/validation.json ] || dblast validate --drafter k1=$K1 \
+  --drafter k1_v4k=$K1@draft_vocab=4096 --drafter k1_v8k=$K1@draft_vocab=8192 \
+  --drafter k1_v16k=$K1@draft_vocab=16384 --baseline k1 --data corpora/smollm2_t1 \
+  --shards 68:72 --batches 16 --verify-temperature 1.0 --no-progress \
+  --out $OUT/validation_t1.0
 dblast eval --drafter k1=$K1 --drafter k1_v4k=$K1@draft_vocab=4096 \
   --drafter k1_v8k=$K1@draft_vocab=8192 --drafter k1_v16k=$K1@draft_vocab=16384 \
   --drafter ngram=ngram --drafter k1+ngram=$K1+ngram \
