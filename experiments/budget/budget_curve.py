@@ -44,7 +44,7 @@ flags.DEFINE_list("compare", [], "BASE,OTHER (workdirs or .jsonl, NAME=... allow
                   "table of OTHER against BASE at equal steps and at equal CPU-seconds")
 flags.DEFINE_enum("plot_x", "cpu_s", ["cpu_s", "step"], "x-axis of --plot: training "
                   "CPU-seconds (the yardstick) or optimizer steps (curves from machines or "
-                  "sessions whose CPU-seconds differ)")
+                  "days whose CPU-seconds differ)")
 
 CURVE = "budget_curve.jsonl"
 

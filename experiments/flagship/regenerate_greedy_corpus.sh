@@ -5,8 +5,8 @@
 # T_v = 0.7 / 1.0. Drafters trained on it learn the target's greedy text, which is what
 # verification at T = 0 accepts, and the repetitions that prompt lookup copies.
 # ~2 h of an idle 2-core machine (~95 s a shard of 32 answers). It writes into the
-# repository's corpora/ so that the shards finished in one working session are committed
-# and the next one resumes from them: rerun after a kill or in a later session.
+# repository's corpora/ so that the shards finished on one working day are committed and
+# the next day resumes from them: rerun after a kill, or later with the same command.
 set -u
 cd "$(dirname "$0")/../.."
 nice -n 10 dblast data regenerate --out corpora/smollm2_t0 \
