@@ -35,6 +35,7 @@ from dblast_jax.distributed import add_cluster_args, initialize_from, local_mesh
 from dblast_jax.dtypes import dtype_from_name
 from dblast_jax.io import fetch
 from dblast_jax.io.hf_remote import MODELING_FILE, write_remote_code
+from dblast_jax.io.output_folder import check_output_folder
 
 
 # ---- argument types: refuse nan / inf and out-of-range values at parse time ---------------
@@ -221,6 +222,7 @@ def _cmd_export(args) -> int:
 def _cmd_eval(args) -> int:
     from dblast_jax.evaluate import run_evaluation, table_markdown  # startup: slow to import
     _check_baseline(args)
+    check_output_folder(args.out, "evaluation", "--out")  # before the models load
     pid = _initialize(args)
     mesh = local_mesh(args.mesh)  # this process's devices: each decodes its own units
     target = generation.load_target(args.model)
@@ -250,6 +252,8 @@ def _cmd_validate(args) -> int:
                                              validate_drafters, validation_table)
 
     _check_baseline(args)
+    if args.out:  # absent, empty or a validation folder, before the models load
+        check_output_folder(args.out, "validation", "--out")
     pid = _initialize(args)
     target = generation.load_target(args.model)
     drafters = generation.named_drafters(args.drafter, target, jnp.float32)

@@ -30,6 +30,7 @@ from dblast_jax.data import sources
 from dblast_jax.errors import parse_finite, read_json
 from dblast_jax.generation import load_drafter, load_target, named_drafters
 from dblast_jax.io import fetch
+from dblast_jax.io.output_folder import check_output_folder
 
 __all__ = ["DemoConfig", "DemoResult", "run_demo", "SMALL_BUDGET_NOTE"]
 
@@ -256,6 +257,7 @@ def run_demo(config: DemoConfig = DemoConfig(), workdir: str | Path = "dblast_de
         raise ValueError(f"baseline {config.baseline!r} is not one of the trained drafters "
                          f"{names}")
     work = Path(workdir)
+    check_output_folder(work, "demo", "--workdir")  # absent, empty or a demo (to resume)
     record = work / "demo_config.json"
     settings = config.settings()
     if record.exists():  # resume only the same demo: refuse before touching anything

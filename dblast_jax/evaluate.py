@@ -40,6 +40,7 @@ from dblast_jax.data.templates import benchmark_turns, chat_messages
 from dblast_jax.distributed import barrier, setup_error
 from dblast_jax.io import paths
 from dblast_jax.io.atomic import atomic_write_text
+from dblast_jax.io.output_folder import check_output_folder
 from dblast_jax.workdir_lock import FolderLock
 
 __all__ = ["PLAIN", "pool_rows", "aggregate", "per_position_from_histogram", "macro_average",
@@ -565,7 +566,8 @@ def run_evaluation(target, drafters: Mapping[str, Any], **kw) -> Optional[dict]:
     pid, nproc = jax.process_index(), jax.process_count()
     lock, error = None, None
     if pid == 0:
-        try:
+        try:  # absent, empty or an evaluation folder (io/output_folder.py); then the lock
+            check_output_folder(kw.get("out_dir", "eval_out"), "evaluation", "--out")
             lock = FolderLock(str(kw.get("out_dir", "eval_out")), "evaluation",
                               log=print if kw.get("progress", True) else None).acquire()
         except Exception as e:  # noqa: BLE001 -- the other processes must hear of it too

@@ -20,6 +20,7 @@ from dblast_jax.distributed import add_cluster_args, initialize_from, local_mesh
 from dblast_jax.dtypes import dtype_from_name
 from dblast_jax.errors import parse_finite
 from dblast_jax.io.fetch import ChecksumError, FetchError
+from dblast_jax.io.output_folder import check_output_folder
 
 __all__ = ["add_data_subcommands", "cmd_data_fetch", "cmd_data_regenerate", "cmd_data_stats",
            "cmd_data_tfds",
@@ -91,6 +92,8 @@ def run_regenerate(model: str, out: str, *, pools: Optional[Sequence[str]] = Non
     from dblast_jax.data.regenerate import (RegenConfig, corpus_prompts, regenerate,
                                             training_work)
     device_mesh = local_mesh(mesh)  # a bad spec fails before the target loads
+    # a folder of other files is refused before the target loads (every process alike)
+    check_output_folder(out, "corpus", "--out")
     if prompts_from:
         if pools or limit is not None or system:
             raise ValueError("--prompts-from replaces the training pools: drop --pools / "

@@ -56,6 +56,7 @@ from dblast_jax.data.sources import Prompt
 from dblast_jax.data.templates import chat_messages
 from dblast_jax.io import paths
 from dblast_jax.io.atomic import atomic_write_json
+from dblast_jax.io.output_folder import check_output_folder
 from dblast_jax.models import target as target_lm
 from dblast_jax.distributed import barrier, shared_file_error
 from dblast_jax.sampler import PAD_ID, cache_size_for, generate_tokens
@@ -488,7 +489,8 @@ def _regenerate(target, prompts: Sequence[PromptLike], out_dir, cfg: RegenConfig
     # it reads or checks a thing); the others hear of a refusal with the resume check below.
     lock, error = None, None
     if pid == 0:
-        try:
+        try:  # absent, empty or a corpus folder (io/output_folder.py); then the lock
+            check_output_folder(str(folder), "corpus", "--out")
             lock = FolderLock(str(folder), "regeneration",
                               log=print if progress else None).acquire()
         except Exception as e:  # noqa: BLE001 -- the other processes must hear of it too

@@ -37,6 +37,7 @@ import numpy as np
 from dblast_jax.config import TargetConfig
 from dblast_jax.io import paths
 from dblast_jax.io.atomic import atomic_write_text
+from dblast_jax.io.output_folder import check_output_folder
 from dblast_jax.models import target as target_lib
 from dblast_jax.data import records as records_lib
 from dblast_jax.train import distill
@@ -188,6 +189,7 @@ def build_feature_cache(source: Any, target_config: TargetConfig, target_params:
     teacher_temperature (train/distill.py's convention) from the same pass; `head` is the
     target's (LM head weight, layout)."""
     check_local(folder)
+    check_output_folder(folder, "feature cache", "--override feature_cache=DIR")
     if dtype not in DTYPES:
         raise ValueError(f"feature cache dtype {dtype!r}: expected one of {sorted(DTYPES)}")
     try:

@@ -58,6 +58,7 @@ from dblast_jax.train.checkpoint import (Checkpointer, check_workdir, experiment
                                          read_log_rows)
 from dblast_jax.train.config import TrainConfig
 from dblast_jax.io import paths
+from dblast_jax.io.output_folder import check_output_folder
 from dblast_jax.workdir_lock import FolderLock, FolderLockedError
 
 # moved to objective/step; re-exported for existing imports
@@ -790,6 +791,8 @@ def train(config: TrainConfig, workdir: str, *, target: Any = None, data: Any = 
           **kw) -> TrainResult:
     """Build a Trainer, run it, close it."""
     check_stop_at(stop_at)  # before the Trainer touches the workdir
+    # absent, empty or a training workdir (io/output_folder.py), on every process alike
+    check_output_folder(workdir, "training workdir", "--workdir")
     trainer = Trainer(config, workdir, target=target, data=data, mesh=mesh, progress=progress,
                       **kw)
     try:
