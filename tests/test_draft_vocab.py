@@ -225,3 +225,25 @@ def test_validate_scores_a_draft_vocabulary(tiny_target):
     for name in drafters:
         assert np.isfinite(got[name]["al_estimate"]) and got[name]["al_estimate"] >= 0
     assert got["v8"]["al_estimate"] != got["full"]["al_estimate"]
+
+
+def test_cli_export_with_token_counts_and_a_draft_vocabulary(tmp_path, tiny_target, capsys):
+    from conftest import make_corpus
+
+    from dblast_jax import cli
+    corpus = make_corpus(tmp_path / "corpus")
+    src = tmp_path / "src"
+    G.export_drafter(G.drafter_from_spec("random", tiny_target), src)
+    out = tmp_path / "out"
+    assert cli.main(["export", str(src), "--out", str(out), "--target", "tiny-llama",
+                     "--token-counts-from", f"{corpus}:0:2", "--draft-vocab", "16"]) == 0
+    counts = np.load(out / DV.COUNTS_FILE)
+    assert counts.sum() == DV.count_corpus_tokens(f"{corpus}:0:2", counts.shape[0]).sum() > 0
+    assert counts.sum() < DV.count_corpus_tokens(str(corpus), counts.shape[0]).sum()
+    assert json.loads((out / "config.json").read_text())["draft_vocab_size"] == 16
+    np.testing.assert_array_equal(read_draft_vocab(str(out), counts.shape[0]),
+                                  DV.ids_from_counts(counts, 16))
+    # a corpus that is not there: one line, nothing written
+    assert cli.main(["export", str(src), "--out", str(tmp_path / "none"), "--target",
+                     "tiny-llama", "--token-counts-from", str(tmp_path / "missing")]) == 2
+    assert "missing" in capsys.readouterr().err and not (tmp_path / "none").exists()
