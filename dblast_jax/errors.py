@@ -18,6 +18,7 @@ import io
 import json
 import math
 import os
+import re
 import sys
 import traceback
 from typing import Any, Callable, Iterable, Optional, Sequence
@@ -227,6 +228,110 @@ def _oserror_message(err: OSError) -> str:
     return f"{path}{other}: {err.strerror}"
 
 
+# int() / float() of a config value that is not a number: which file, which field
+_BAD_LITERAL = re.compile(r"(?:invalid literal for (int)\(\) with base \d+|could not convert "
+                          r"string to (float)): (.+)$", re.S)
+_BAD_TYPE = re.compile(r"(int|float)\(\) argument must be .*, not '(\w+)'$")
+
+
+_KEY_IN_CODE = re.compile(r"""(?:\[\s*|\.get\(\s*)["']([^"']+)["']""")
+
+
+def _find_values(tree: Any, match: Callable[[Any], bool], prefix: str = "",
+                 depth: int = 0) -> list[tuple[str, str, Any]]:
+    """(dotted key path, last key, value) of every value in a JSON-like `tree` that
+    `match`es, in document order."""
+    if depth > 4:
+        return []
+    items = (tree.items() if isinstance(tree, dict) else
+             ((f"[{i}]", v) for i, v in enumerate(tree)) if isinstance(tree, list) else ())
+    found = []
+    for key, value in items:
+        path = (f"{prefix}{key}" if str(key).startswith("[") else
+                f"{prefix}.{key}" if prefix else str(key))
+        if match(value):
+            found.append((path, str(key), value))
+        if isinstance(value, (dict, list)):
+            found += _find_values(value, match, path, depth + 1)
+    return found
+
+
+def _failing_code(tb) -> str:
+    """The source of the expression that raised (its columns, Python >= 3.11; else the
+    whole line)."""
+    summary = traceback.extract_tb(tb)[-1] if tb is not None else None
+    if summary is None or not summary.line:
+        return ""
+    line, start, end = summary.line, getattr(summary, "colno", None), getattr(
+        summary, "end_colno", None)
+    if start is not None and end is not None and getattr(summary, "end_lineno", None) == \
+            summary.lineno:
+        import linecache
+        raw = linecache.getline(summary.filename, summary.lineno)
+        return raw[start:end] or line
+    return line
+
+
+def _config_field_message(err: Exception) -> Optional[str]:
+    """For int() / float() of a value read from a JSON file (a drafter's or a model's
+    config.json): '<file>: field <key> must be an integer, got ...'; None when the value
+    or the file cannot be found in the failing frames."""
+    text = str(err)
+    literal = _BAD_LITERAL.match(text) if isinstance(err, ValueError) else None
+    wrong_type = _BAD_TYPE.match(text) if isinstance(err, TypeError) else None
+    if literal:
+        kind, shown = literal.group(1) or literal.group(2), literal.group(3)
+        match = lambda v: isinstance(v, str) and repr(v) == shown  # noqa: E731
+    elif wrong_type:
+        kind, typename = wrong_type.group(1), wrong_type.group(2)
+        match = lambda v: type(v).__name__ == typename  # noqa: E731
+    else:
+        return None
+    files = _candidates(err.__traceback__, (".json",))
+    if not files:
+        return None
+    hints = set(_KEY_IN_CODE.findall(_failing_code(err.__traceback__)))
+    tb, frames = err.__traceback__, []
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    for frame in reversed(frames):
+        found = []
+        for value in list(frame.f_locals.values()):
+            if isinstance(value, dict):
+                found += _find_values(value, match)
+        named = [f for f in found if f[1] in hints]
+        # a type (a list where a number belongs) is only trusted with the key in the code
+        pick = named[0] if named else (found[0] if found and literal else None)
+        if pick is not None:
+            field, _, bad = pick
+            want = "an integer" if kind == "int" else "a number"
+            try:
+                shown = json.dumps(bad)
+            except (TypeError, ValueError):
+                shown = repr(bad)
+            return (f"{files[0]}: field {field!r} must be {want}, got {shown}; fix the file, "
+                    "or re-create it (re-export the drafter, fetch the model again)")
+    return None
+
+
+def _uri_in_frames(tb) -> str:
+    """The object-store URI (gs://...) the failing frames were working on, innermost
+    first ('' when none)."""
+    frames = []
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    for frame in reversed(frames):
+        for value in frame.f_locals.values():
+            if isinstance(value, os.PathLike) and not isinstance(value, str):
+                value = str(value)
+            if isinstance(value, str) and len(value) < 4096 and "\n" not in value \
+                    and not paths.is_local(value):
+                return value
+    return ""
+
+
 def _one_line(text: str) -> str:
     return "; ".join(part.strip() for part in str(text).splitlines() if part.strip())
 
@@ -234,6 +339,9 @@ def _one_line(text: str) -> str:
 def describe(err: BaseException) -> Optional[str]:
     """The one-line message of an expected failure, or None for an unexpected one (a bug:
     show its traceback)."""
+    if isinstance(err, ImportError):  # gs:// without the gcs extra; other imports: bugs
+        backend = paths.missing_backend(err, _uri_in_frames(err.__traceback__))
+        return _one_line(backend) if backend else None
     if isinstance(err, json.JSONDecodeError):
         return _one_line(_json_message(err))
     if isinstance(err, UnicodeDecodeError):
@@ -251,6 +359,10 @@ def describe(err: BaseException) -> Optional[str]:
         return None
     if isinstance(err, OSError):
         return _one_line(_oserror_message(err))
+    if isinstance(err, (ValueError, TypeError)):  # a config field that is not a number
+        field = _config_field_message(err)
+        if field is not None:
+            return _one_line(field)
     if isinstance(err, ValueError):
         return _one_line(str(err)) or f"{type(err).__name__} (no details)"
     if isinstance(err, MemoryError):

@@ -312,3 +312,41 @@ def test_generate_json_writes_null_for_undefined_statistics(capsys):
                      parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
     assert out["stats"]["steps"] == 0 and out["stats"]["tau"] is None
     assert len(out["tokens"]) == 2
+
+
+# ---- cloud paths without their extra, config fields that are not numbers (issue 33, 2 and 9) --
+
+def test_gs_paths_without_the_gcs_extra_are_one_line(drafter_folder, tmp_path, capsys,
+                                                     monkeypatch):
+    """gs:// with gcsfs missing: one line naming the path and the extra, exit 2 (was two
+    chained tracebacks and exit 1); nothing is written anywhere."""
+    monkeypatch.setitem(sys.modules, "gcsfs", None)  # as if the gcs extra were not installed
+    monkeypatch.chdir(tmp_path)
+    rc = cli.main(["train", "--workdir", "gs://bucket/w", "--experiment", "tiny_dflash"])
+    assert rc == 2
+    _one_line_error(capsys, "gs://bucket/w", "pip install 'dblast_jax[gcs]'")
+    rc = cli.main(["export", drafter_folder, "--target", "tiny-llama", "--out",
+                   "gs://bucket/x"])
+    assert rc == 2
+    _one_line_error(capsys, "gs://bucket/x", "gcsfs", "pip install 'dblast_jax[gcs]'")
+    assert os.listdir(tmp_path) == []
+    assert errors.describe(ImportError("No module named 'nope'")) is None  # still a bug
+
+
+@pytest.mark.parametrize("field, value, want", [
+    ("hidden_size", "576abc", "must be an integer, got \"576abc\""),
+    ("intermediate_size", [1536], "must be an integer, got [1536]"),
+    ("rms_norm_eps", "tiny", "must be a number, got \"tiny\""),
+])
+def test_a_config_field_that_is_not_a_number_names_file_and_field(drafter_folder, tmp_path,
+                                                                  capsys, field, value, want):
+    """Was "invalid literal for int() with base 10: '576abc'" (and a traceback for a
+    list): now the file, the field and the value."""
+    def mutate(data):
+        cfg = json.loads(data)
+        cfg[field] = value
+        return json.dumps(cfg).encode()
+
+    path = _broken_copy(drafter_folder, tmp_path / "d", "config.json", mutate)
+    assert _eval_with(str(tmp_path / "d")) == 2
+    _one_line_error(capsys, path, f"field '{field}'", want)

@@ -41,7 +41,8 @@ from dblast_jax.io import atomic as _atomic
 
 __all__ = ["PathLike", "as_path", "is_local", "normalize", "join", "exists", "isdir",
            "isfile", "listdir", "makedirs", "read_bytes", "read_text", "atomic_write_bytes",
-           "atomic_write_text", "atomic_write_json", "append_text", "require_local"]
+           "atomic_write_text", "atomic_write_json", "append_text", "require_local",
+           "missing_backend"]
 
 PathLike = Union[str, os.PathLike]
 
@@ -161,3 +162,28 @@ def require_local(path: PathLike, what: str, hint: str = "") -> None:
     if not is_local(path):
         raise ValueError(f"{what} must be a local path (or a gcsfuse mount), got "
                          f"{_str(path)!r}" + (f": {hint}" if hint else ""))
+
+
+# The package an object-store scheme needs (epath goes through fsspec, which raises
+# "ImportError: Please install gcsfs to access Google Storage" at the first call), and
+# how to get it.
+_BACKEND_INSTALL = {"gcsfs": "pip install 'dblast_jax[gcs]'", "s3fs": "pip install s3fs"}
+_PLEASE_INSTALL = re.compile(r"[Pp]lease install (\S+?)(?: to access|\b)")
+
+
+def missing_backend(err: BaseException, path: str = "") -> str | None:
+    """The one-line message for an object-store path used without its file-system package
+    (gs:// without the `gcs` extra), or None when `err` is something else. `path`, when
+    known, leads the message."""
+    if not isinstance(err, ImportError):
+        return None
+    match = _PLEASE_INSTALL.search(str(err))
+    name = match.group(1) if match else getattr(err, "name", None)
+    if name not in _BACKEND_INSTALL:
+        return None
+    scheme = _SCHEME.match(path).group(0) if path and _SCHEME.match(path) else {
+        "gcsfs": "gs://", "s3fs": "s3://"}[name]
+    where = f"{path}: " if path else ""
+    extra = " (the gcs extra)" if name == "gcsfs" else ""
+    return (f"{where}{scheme} paths need the {name} package{extra}, which is not installed: "
+            f"{_BACKEND_INSTALL[name]}, or use a local (or gcsfuse-mounted) folder")
