@@ -8,10 +8,13 @@ a rank-r term that depends on the token drafted at position i - 1 (the anchor fo
 
 so the drafts are taken left to right, in b - 1 serial steps of a `lax.scan`. Everything
 with the vocabulary in it comes from the parallel part: lm_head(h_i) for all positions
-(the block's head pass of today) and the rank-r basis lm_head(W_o) [r, V], r more rows of
-the same head pass. A serial step is an embedding-row lookup, an [H] x [H, r] product and
-an [r] x [r, V] product: never a drafter pass nor an LM head row. With a draft-time
-vocabulary (dblast_jax/draft_vocab.py) both head products run over its N ids only.
+(the block's head pass of today) and the rank-r basis lm_head(W_o) [r, V]. The basis
+depends on the parameters only; inside the sampler's while_loop, XLA's loop-invariant
+code motion computes it once per generate call (seen in the compiled CPU program). A
+serial step is an embedding-row lookup, an [H] x [H, r] product and an [r] x [r, V]
+product: never a drafter pass nor an LM head row. With a draft-time vocabulary
+(dblast_jax/draft_vocab.py) both head products run over its N ids only. The rms in
+`models/drafter.py` normalises e(x_{i-1}) (no learned scale).
 
 Exactness (docs/METHOD.md section 3.1). The proposal recorded for position i is the
 corrected q_i that the draft was actually taken from, given the drafted prefix, so

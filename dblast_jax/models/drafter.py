@@ -486,6 +486,8 @@ def draft_hidden(dparams: Params, tparams: Params, anchor_tokens: Array,
     Returns (branch_hidden [B, K, b-1, H] final-normed incl. expander offsets, in the
     drafter dtype; prior_logits [B, K] float32, zeros when K = 1). Project a branch with
     `branch_logits`; for greedy-branch decoding pick it first with `select_branch`.
+    A correction head is not applied here: the states are the parallel pass's, and
+    dblast_jax/correction.py adds the correction serially from the drafted tokens.
     """
     del target_config  # the target's embedding comes in via tparams
     anchor_tokens = jnp.asarray(anchor_tokens)
@@ -523,7 +525,7 @@ def train_hidden(dparams: Params, tparams: Params, taps: Array, tokens: Array,
     positions < anchors[b, j] plus its own block only. Labels of block slot i (1..b-1)
     are tokens[b, anchor + i]: the caller gathers and masks them.
     Returns (branch_hidden [B, A, K, b-1, H], prior_logits [B, A, K] float32), equal to
-    `draft_hidden` on the same anchor and context. Anchors may repeat (the outputs are
+    `draft_hidden` on the same anchor and context (without a correction head). Anchors may repeat (the outputs are
     then equal); masking anchors that are padding is the caller's job.
 
     With a correction head the branch states are corrected teacher-forced: slot i's
