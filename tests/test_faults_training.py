@@ -163,6 +163,57 @@ def test_enospc_in_metrics_write_then_resume_bit_exact(reference, tmp_path, monk
     assert _metric_steps(wd) == list(range(1, STEPS + 1))
 
 
+def _tensorstore_full_disk(monkeypatch, step):
+    """The disk fills up while orbax's background thread writes the arrays of `step`'s
+    checkpoint: TensorStore's error, as a real full disk gives it (a ValueError carrying
+    the OS error code), for every array of that step."""
+    from orbax.checkpoint._src.serialization import serialization as S
+    real = S.async_serialize_from_host
+
+    async def full_disk(rslices, tspec, **kw):
+        spec = json.dumps(tspec, default=str)
+        if f"/{step}.orbax-checkpoint-tmp" in spec:
+            raise ValueError(
+                f'RESOURCE_EXHAUSTED: Error writing "params" in OCDBT database at local file '
+                f'"{step}.orbax-checkpoint-tmp/state/": Failed writing: "{step}.orbax-'
+                'checkpoint-tmp/state/d/1f2e": Failed to write 4096 bytes to file 8: No space '
+                "left on device [os_error_code='28']")
+        return await real(rslices, tspec, **kw)
+
+    monkeypatch.setattr(S, "async_serialize_from_host", full_disk)
+
+
+def test_enospc_in_the_background_write_is_one_line_naming_the_finished_step(
+        reference, tmp_path, monkeypatch, capfd, caplog):
+    """Issue 33, cases 3 and 6: the arrays of step 4's checkpoint fail to write in orbax's
+    background thread (TensorStore's RESOURCE_EXHAUSTED). Before: ~30 tracebacks logged
+    by orbax's threads and asyncio, then TensorStore's message as the error (or a message
+    naming step 4, left as 4.orbax-checkpoint-tmp, as the resume point). Now: no record,
+    no traceback, one line -- the failed step, the full disk, and step 2, the checkpoint
+    that really finished; the rerun resumes there bit-exactly."""
+    from dblast_jax import errors
+    wd = str(tmp_path / "enospc_async")
+    _tensorstore_full_disk(monkeypatch, 4)
+    with pytest.raises(TR.TrainingIOError) as err:
+        _run(_cfg(), wd)
+    assert errors.report(err.value, "dblast train") == 2
+    out = capfd.readouterr()
+    assert "Traceback" not in out.err and "never retrieved" not in out.err, out.err
+    lines = out.err.strip().splitlines()
+    assert len(lines) == 1, out.err
+    assert lines[0].startswith("dblast train: error: could not save the checkpoint of step 4")
+    assert "the disk is full" in lines[0] and "No space left on device" in lines[0]
+    assert "training resumes from step 2, its last finished checkpoint" in lines[0]
+    noisy = [r for r in caplog.records if r.levelno >= 40 or r.exc_info]
+    assert not noisy, [r.getMessage()[:200] for r in noisy]
+    assert _steps_on_disk(wd) == [2]
+    monkeypatch.undo()  # space is back
+    result = _run(_cfg(), wd)
+    _same_params(result.params, reference)
+    assert _metric_steps(wd) == list(range(1, STEPS + 1))
+    assert _steps_on_disk(wd) == [2, 4, 6]
+
+
 # ---- non-finite steps --------------------------------------------------------------------------
 
 def test_nan_learning_rate_stops_without_saving_or_exporting(tmp_path):

@@ -25,7 +25,12 @@ refused before anything is written.
 from __future__ import annotations
 
 import dataclasses
+import errno as errno_lib
 import json
+import logging
+import os
+import re
+import threading
 from typing import Any, Callable, Mapping, Optional
 
 import jax
@@ -40,7 +45,8 @@ CHECKPOINT_DIR = "checkpoints"
 IDENTITY_VERSION = 1
 
 __all__ = ["ForeignCheckpointError", "experiment_identity", "check_workdir", "Checkpointer",
-           "DataStateSave", "DataStateRestore", "read_train_config", "read_log_rows"]
+           "DataStateSave", "DataStateRestore", "read_train_config", "read_log_rows",
+           "os_error_in", "finished_steps"]
 
 
 class ForeignCheckpointError(ValueError):
@@ -85,6 +91,93 @@ def _checkpoint_steps(ckpt_dir: str) -> list[int]:
     if not paths.isdir(ckpt_dir):
         return []
     return sorted(int(n) for n in paths.listdir(ckpt_dir) if n.isdigit())
+
+
+COMMIT_FILE = "commit_success.txt"  # orbax's mark of a finished step on an object store
+
+
+def finished_steps(ckpt_dir: str) -> list[int]:
+    """The steps whose checkpoint is complete on disk, read from the folder (not from the
+    manager, which counts a save still in flight, or one that failed in the background):
+    locally a step folder gets its name only once finished (a save cut short stays
+    `N.orbax-checkpoint-tmp`); on an object store it holds orbax's commit file."""
+    steps = _checkpoint_steps(ckpt_dir)
+    if paths.is_local(ckpt_dir):
+        return steps
+    return [s for s in steps if paths.exists(paths.join(ckpt_dir, str(s), COMMIT_FILE))]
+
+
+# ---- I/O failures, whichever layer reports them ------------------------------------------------
+
+# TensorStore (orbax's array writer) reports a failed write as a ValueError such as
+# 'RESOURCE_EXHAUSTED: ... Failed writing: "PATH": ... No space left on device
+# [os_error_code='28']': the OSError behind it, rebuilt from the message.
+_OS_ERROR_CODE = re.compile(r"\[os_error_code='?(\d+)'?\]")
+_FAILED_PATH = re.compile(r'(?:Failed writing|Error writing local file|Error opening file|'
+                          r'local file): "([^"]+)"')
+
+
+def os_error_in(e: Optional[BaseException]) -> Optional[OSError]:
+    """The OSError behind `e` (itself, or in its cause / context chain), if any; a
+    TensorStore error carrying an OS error code counts as that OSError."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, OSError):
+            return e
+        code = _OS_ERROR_CODE.search(str(e)) if isinstance(e, Exception) else None
+        if code is not None:
+            number = int(code.group(1))
+            where = _FAILED_PATH.search(str(e))
+            return OSError(number, os.strerror(number), *([where.group(1)] if where else []))
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
+class _QuietBackgroundIOErrors(logging.Filter):
+    """Drops the ERROR records (with their tracebacks) that orbax's background save
+    threads and asyncio log when a checkpoint write fails for an I/O reason, e.g. a full
+    disk: one failed save logged some 30 tracebacks, burying the trainer's one-line
+    error. The main thread gets the same exception at the next save or wait, and the
+    trainer reports it in one line (TrainingIOError); `--debug` / DBLAST_DEBUG=1 keeps
+    the records."""
+
+    def __init__(self):
+        super().__init__()
+        self.dropped = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR:
+            return True
+        from dblast_jax.errors import debug_enabled  # errors imports io, not train
+        if debug_enabled():
+            return True
+        exc = record.exc_info[1] if record.exc_info else None
+        if os_error_in(exc) is None and _OS_ERROR_CODE.search(record.getMessage()) is None \
+                and "No space left on device" not in record.getMessage():
+            return True
+        self.dropped += 1
+        return False
+
+
+_QUIET = _QuietBackgroundIOErrors()
+_QUIET_LOGGERS = ("absl", "asyncio")  # orbax logs through absl; asyncio's "exception was
+_quiet_users = 0                      # never retrieved" for a failed gather
+_quiet_lock = threading.Lock()
+
+
+def _quiet_background_errors(on: bool) -> None:
+    """Install (on) / remove (off, after the last Checkpointer closed) the filter."""
+    global _quiet_users
+    with _quiet_lock:
+        _quiet_users += 1 if on else -1
+        for name in _QUIET_LOGGERS:
+            logger = logging.getLogger(name)
+            if _quiet_users > 0 and _QUIET not in logger.filters:
+                logger.addFilter(_QUIET)
+            elif _quiet_users <= 0 and _QUIET in logger.filters:
+                logger.removeFilter(_QUIET)
+        _quiet_users = max(_quiet_users, 0)
 
 
 def check_workdir(workdir: str, identity: Mapping[str, Any]) -> bool:
@@ -253,6 +346,10 @@ class Checkpointer:
                                                enable_async_checkpointing=async_save,
                                                cleanup_tmp_directories=True)
         self.manager = ocp.CheckpointManager(paths.as_path(self.directory), options=options)
+        self.saving: Optional[int] = None  # the step whose (async) save may be in flight
+        self.failed_step: Optional[int] = None  # the step whose save raised
+        self._quiet = True
+        _quiet_background_errors(True)
 
     def write_train_config(self, train_config: Mapping[str, Any]) -> None:
         """Record the run's TrainConfig (primary process); the trainer calls this once the
@@ -262,14 +359,29 @@ class Checkpointer:
         _barrier("dblast_checkpoint_config")
 
     def latest_step(self) -> Optional[int]:
+        """The newest step the manager knows of: a save still in flight (or failed in
+        the background) counts; `last_finished_step` reads the disk instead."""
         return self.manager.latest_step()
 
+    def last_finished_step(self) -> Optional[int]:
+        """The newest checkpoint complete on disk: the step a rerun resumes from."""
+        steps = finished_steps(self.directory)
+        return steps[-1] if steps else None
+
     def save(self, step: int, state: Any, data_state: Any) -> None:
-        """Save (async for arrays); `state` is a pytree of jax arrays."""
+        """Save (async for arrays); `state` is a pytree of jax arrays. The previous save
+        is finished first: its failure (a full disk in the background) raises here, with
+        `failed_step` naming it."""
+        self.wait()
         args = ocp.args.Composite(state=ocp.args.StandardSave(state),
                                   data=DataStateSave(data_state),
                                   experiment=ocp.args.JsonSave(self.identity))
-        self.manager.save(int(step), args=args, force=True)
+        self.saving = int(step)
+        try:
+            self.manager.save(int(step), args=args, force=True)
+        except BaseException:
+            self.failed_step = int(step)
+            raise
 
     def restore(self, abstract_state: Any, step: Optional[int] = None) -> tuple[Any, Any]:
         """(state, data_state) of `step` (default: the latest). `abstract_state`: a pytree
@@ -288,8 +400,20 @@ class Checkpointer:
         return out.state, out.data
 
     def wait(self) -> None:
-        self.manager.wait_until_finished()
+        try:
+            self.manager.wait_until_finished()
+        except BaseException:
+            self.failed_step = self.saving
+            raise
+        self.saving = None
 
     def close(self) -> None:
-        self.manager.wait_until_finished()
-        self.manager.close()
+        try:
+            self.manager.wait_until_finished()
+            self.manager.close()
+        finally:
+            # after a failed save the filter stays: asyncio logs a failed gather when the
+            # future is collected, which may be after this
+            if self._quiet and self.failed_step is None:
+                self._quiet = False
+                _quiet_background_errors(False)

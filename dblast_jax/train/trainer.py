@@ -48,6 +48,7 @@ from dblast_jax.models import drafter as drafter_lib
 from dblast_jax.models import target as target_lib
 from dblast_jax.data import pipeline as pipeline_lib
 from dblast_jax.data import records as records_lib
+from dblast_jax.train import checkpoint as ckpt_lib
 from dblast_jax.train import feature_cache as fc
 from dblast_jax.train import metric_writers
 from dblast_jax.train import sampled_head
@@ -161,14 +162,9 @@ class TrainResult:
 
 
 def _os_error_in(e: Optional[BaseException]) -> Optional[OSError]:
-    """The OSError behind `e` (itself, or in its cause / context chain), if any."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        if isinstance(e, OSError):
-            return e
-        seen.add(id(e))
-        e = e.__cause__ or e.__context__
-    return None
+    """The OSError behind `e` (itself, or in its cause / context chain; TensorStore's
+    errors with an OS error code included), if any."""
+    return ckpt_lib.os_error_in(e)
 
 
 def _to_py(x):
@@ -493,8 +489,12 @@ class Trainer:
         self._failed = True
         cause = _os_error_in(e)
         err = getattr(cause, "errno", None)
-        try:
-            last = self.ckpt.latest_step()
+        try:  # a save still in flight finishes first (close() would wait for it too)
+            self.ckpt.wait()
+        except Exception:  # noqa: BLE001 -- that save failed: the disk says what is left
+            pass
+        try:  # from the disk: the manager also counts a save that failed in the background
+            last = self.ckpt.last_finished_step()
         except Exception:
             last = None
         resume = (f"step {last}, its last finished checkpoint" if last is not None
@@ -604,7 +604,8 @@ class Trainer:
             except Exception as e:
                 if _os_error_in(e) is None:
                     raise
-                raise self._io_error(f"could not finish the checkpoint of step {step} in "
+                failed = self.ckpt.failed_step if self.ckpt.failed_step is not None else step
+                raise self._io_error(f"could not finish the checkpoint of step {failed} in "
                                      f"{self.ckpt.directory}", e) from e
         except BaseException:
             self._failed = True
@@ -679,7 +680,10 @@ class Trainer:
             except Exception as e:
                 if _os_error_in(e) is None:
                     raise
-                raise self._io_error(f"could not save the checkpoint of step {step} in "
+                # the step whose save failed: an earlier one written in the background
+                # fails only when this save waits for it
+                failed = self.ckpt.failed_step if self.ckpt.failed_step is not None else step
+                raise self._io_error(f"could not save the checkpoint of step {failed} in "
                                      f"{self.ckpt.directory}", e) from e
         return step, t_last, steps_since, first_step_s
 
