@@ -448,6 +448,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run one `dblast` command; returns the exit status (0 ok, 2 an expected failure
     reported in one line on stderr, 1 a bug with its traceback)."""
+    as_program = argv is None  # the `dblast` program itself, not a caller's function call
     argv = list(sys.argv[1:] if argv is None else argv)
     bad = errors.non_utf8_argument(argv)
     if bad:
@@ -461,6 +462,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                                  if getattr(args, "data_command", None) else []))
     try:
         return args.func(args)
+    except KeyboardInterrupt as err:  # Ctrl-C: one line, status 130 (errors.interrupted)
+        return errors.interrupted(prog, err, debug=args.debug, exit_now=as_program)
     except Exception as err:  # noqa: BLE001 -- errors.describe sorts expected from bugs
         return errors.report(err, prog, debug=args.debug)
 

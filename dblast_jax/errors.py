@@ -8,6 +8,7 @@ expected failures too.
 
     describe(err)        -> the one-line message of an expected error, None for a bug
     report(err, prog)    -> prints it (or the traceback) and returns the exit status
+    interrupted(prog)    -> Ctrl-C (SIGINT): one line, status 130
     run_absl(main, prog) -> app.run(main) with the same error path, for launch/*.py
 """
 
@@ -25,12 +26,13 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 from dblast_jax.io import paths
 
-__all__ = ["EXIT_EXPECTED", "EXIT_BUG", "UnknownNameError", "check_float_flags",
-           "debug_enabled", "describe", "report", "non_utf8_argument", "parse_finite",
-           "read_json", "run_absl"]
+__all__ = ["EXIT_EXPECTED", "EXIT_BUG", "EXIT_INTERRUPTED", "UnknownNameError",
+           "check_float_flags", "debug_enabled", "describe", "interrupted", "report",
+           "non_utf8_argument", "parse_finite", "read_json", "run_absl"]
 
 EXIT_EXPECTED = 2  # an expected failure: one line on stderr
 EXIT_BUG = 1  # an unexpected exception: the traceback
+EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT): what a shell reports for 128 + SIGINT
 DEBUG_ENV = "DBLAST_DEBUG"
 
 
@@ -402,6 +404,31 @@ def report(err: BaseException, prog: str, debug: bool = False,
     return EXIT_EXPECTED
 
 
+def interrupted(prog: str, err: Optional[BaseException] = None, debug: bool = False,
+                exit_now: bool = False, stream=None) -> int:
+    """Ctrl-C (a KeyboardInterrupt that reached the command): one line on stderr and
+    status 130; the traceback only with --debug / DBLAST_DEBUG=1. Work already finished
+    is on disk (every writer writes atomically and resumes), so the line says to rerun.
+
+    exit_now: end the process here (os._exit, after flushing stdout and stderr) instead
+    of returning: an interpreter torn down while JAX's runtime threads still run the
+    interrupted computation can crash (a segmentation fault, status 139). By then the
+    command's own cleanup (locks released, files closed) has run as the interrupt
+    unwound the stack. Only for a process run as a program, never inside a caller."""
+    stream = stream or sys.stderr
+    if err is not None and debug_enabled(debug):
+        traceback.print_exception(type(err), err, err.__traceback__, file=stream)
+    print(f"{prog}: interrupted; rerun the same command to resume", file=stream)
+    for s in (sys.stdout, stream):
+        try:
+            s.flush()
+        except (OSError, ValueError):
+            pass
+    if exit_now:
+        os._exit(EXIT_INTERRUPTED)
+    return EXIT_INTERRUPTED
+
+
 # ---- absl launchers ----------------------------------------------------------------------------
 
 def check_float_flags(values: Iterable[tuple[str, Any]], **limits) -> None:
@@ -432,14 +459,17 @@ def run_absl(main: Callable[[list], Any], prog: str) -> None:
                   file=sys.stderr)
             sys.exit(EXIT_EXPECTED)
 
+    def debug() -> bool:
+        return bool(getattr(flags.FLAGS, "debug", False)) if "debug" in flags.FLAGS else False
+
     def guarded(argv):
         try:
             return main(argv)
-        except (KeyboardInterrupt, SystemExit):
+        except SystemExit:
             raise
+        except KeyboardInterrupt as err:  # Ctrl-C: one line, status 130
+            return interrupted(prog, err, debug(), exit_now=True)
         except Exception as err:  # noqa: BLE001 -- sorted into expected / bug by describe
-            debug = bool(getattr(flags.FLAGS, "debug", False)) if "debug" in flags.FLAGS \
-                else False
-            return report(err, prog, debug)
+            return report(err, prog, debug())
 
     app.run(guarded, flags_parser=parse)
