@@ -461,7 +461,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     prog = " ".join(["dblast", args.command] + ([args.data_command]
                                                  if getattr(args, "data_command", None) else []))
     try:
-        return args.func(args)
+        with errors.debug_flag(args.debug):  # --debug for code far from here, too
+            return args.func(args)
     except KeyboardInterrupt as err:  # Ctrl-C: one line, status 130 (errors.interrupted)
         return errors.interrupted(prog, err, debug=args.debug, exit_now=as_program)
     except Exception as err:  # noqa: BLE001 -- errors.describe sorts expected from bugs

@@ -14,6 +14,7 @@ expected failures too.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import json
@@ -27,8 +28,8 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 from dblast_jax.io import paths
 
 __all__ = ["EXIT_EXPECTED", "EXIT_BUG", "EXIT_INTERRUPTED", "UnknownNameError",
-           "check_float_flags", "debug_enabled", "describe", "interrupted", "report",
-           "non_utf8_argument", "parse_finite", "read_json", "run_absl"]
+           "check_float_flags", "debug_enabled", "debug_flag", "describe", "interrupted",
+           "report", "non_utf8_argument", "parse_finite", "read_json", "run_absl"]
 
 EXIT_EXPECTED = 2  # an expected failure: one line on stderr
 EXIT_BUG = 1  # an unexpected exception: the traceback
@@ -44,10 +45,26 @@ class UnknownNameError(KeyError):
         return str(self.args[0]) if self.args else "unknown name"
 
 
+_DEBUG_FLAG = False  # the --debug of the command running in this process (debug_flag)
+
+
 def debug_enabled(flag: bool = False) -> bool:
-    """--debug given, or DBLAST_DEBUG set to anything but '', 0, false, no."""
+    """--debug given (here, or to the running command: `debug_flag`), or DBLAST_DEBUG set
+    to anything but '', 0, false, no."""
     env = os.environ.get(DEBUG_ENV, "").strip().lower()
-    return bool(flag) or env not in ("", "0", "false", "no", "off")
+    return bool(flag) or _DEBUG_FLAG or env not in ("", "0", "false", "no", "off")
+
+
+@contextlib.contextmanager
+def debug_flag(on: bool):
+    """While a command runs: its --debug, for code far from the command line (the
+    checkpointer's filter of orbax's background error logs reads it)."""
+    global _DEBUG_FLAG
+    old, _DEBUG_FLAG = _DEBUG_FLAG, bool(on) or _DEBUG_FLAG
+    try:
+        yield
+    finally:
+        _DEBUG_FLAG = old
 
 
 # ---- argument checks ------------------------------------------------------------------------
@@ -464,7 +481,8 @@ def run_absl(main: Callable[[list], Any], prog: str) -> None:
 
     def guarded(argv):
         try:
-            return main(argv)
+            with debug_flag(debug()):
+                return main(argv)
         except SystemExit:
             raise
         except KeyboardInterrupt as err:  # Ctrl-C: one line, status 130
