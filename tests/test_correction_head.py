@@ -271,3 +271,20 @@ def test_bad_settings_are_one_line_errors():
                                       mask_token_id=TC.SMOLLM2_MASK_TOKEN_ID,
                                       correction="previous-token")
     assert cfg.drafter_config(TargetConfig.smollm2_135m()).correction_rank == 32
+
+
+def test_warm_start_from_a_k1_trunk():
+    """drafter_init=drafter:SPEC adds a (zero) correction head to a trained K = 1 trunk:
+    every trunk tensor is copied, so the new drafter starts as exactly the trunk."""
+    from dblast_jax.train.warm_start import warm_start_from_drafter
+    tc = TargetConfig.tiny_llama()
+    trunk = DrafterConfig.for_target(tc, num_layers=1, block_size=4, mask_token_id=0)
+    run = trunk.replace(correction="previous-token", correction_rank=8)
+    source = D.init_drafter_params(trunk, tc, 1)
+    out = warm_start_from_drafter(D.init_drafter_params(run, tc, 2), run, source, trunk)
+    assert not np.any(out["correction"]["out_kernel"])
+    for a, b in zip(jax.tree.leaves({k: v for k, v in out.items() if k != "correction"}),
+                    jax.tree.leaves(source)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    with pytest.raises(ValueError, match="unknown to this run"):  # not the other way round
+        warm_start_from_drafter(source, trunk, out, run)
