@@ -288,7 +288,11 @@ def ship_random_drafter(root, target_name: str, block_size: int) -> str:
     target = load_target(target_name)
     config = DrafterConfig.for_target(target.config, num_layers=1, block_size=block_size,
                                       num_categories=2)
-    export = export_drafter(init_drafter(target, config, 0), root / "export", dtype="bfloat16")
+    drafter = init_drafter(target, config, 0)
+    # made-up token counts (lower ids first), so that the demo drafts over a draft-time
+    # vocabulary with it as it does with the repository's drafters
+    drafter.token_counts = np.arange(target.config.vocab_size, 0, -1)
+    export = export_drafter(drafter, root / "export", dtype="bfloat16")
     pretrained.add_pretrained("tiny-shipped", export, target=target_name, root=root / "p",
                               info={"description": "an untrained test drafter"})
     return str(root / "p")

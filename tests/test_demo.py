@@ -45,6 +45,10 @@ def test_tiny_demo_end_to_end_and_resume(tiny_demo, monkeypatch):
     assert "where speculative decoding wins:" in result.summary
     assert "- tiny-shipped+ngram: macro T0.0 " in result.summary
     assert "tiny-shipped: shipped in pretrained/" in result.summary
+    # the shipped drafter (it ships token counts) drafts over a draft-time vocabulary
+    recorded = json.loads((work / "eval_shipped" / "run_config.json").read_text())
+    assert recorded["method_settings"]["tiny-shipped"]["draft_vocab"] == config.draft_vocab
+    assert recorded["method_settings"]["tiny-shipped+ngram"]["draft_vocab"] == config.draft_vocab
     assert (work / "SUMMARY.md").read_text().strip() == result.summary.strip()
     assert any("corpus:" in line for line in logs)
 
