@@ -31,7 +31,7 @@ from dblast_jax import errors, generation, registry
 from dblast_jax.config import VERIFY_MODES, SamplingConfig
 from dblast_jax.data.cli_commands import add_data_subcommands
 from dblast_jax.demo import DemoConfig, parse_demo_overrides, run_demo
-from dblast_jax.distributed import add_cluster_args, initialize_from, local_mesh
+from dblast_jax.distributed import add_cluster_args, initialize_from, local_mesh, mesh_arg
 from dblast_jax.dtypes import dtype_from_name
 from dblast_jax.io import fetch
 from dblast_jax.io.hf_remote import MODELING_FILE, write_remote_code
@@ -54,6 +54,8 @@ finite_float = _float_type("1.0")
 nonneg_float = _float_type("0.7", minimum=0.0)  # temperatures (0 = greedy)
 positive_float = _float_type("1.0", minimum=0.0, strict=True)
 probability = _float_type("0.95", minimum=0.0, strict=True, maximum=1.0)  # top-p: (0, 1]
+count = errors.int_arg(1, "8")  # sizes, lengths, numbers of things: >= 1
+nonneg_int = errors.int_arg(0, "0")  # seeds; top-k (0 disables)
 
 
 def folder(text: str) -> str:
@@ -95,10 +97,10 @@ def _check_baseline(args) -> None:
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=nonneg_float, default=0.0,
                    help="0 = greedy (default); > 0 samples")
-    p.add_argument("--top-k", type=int, default=0, help="0 disables")
+    p.add_argument("--top-k", type=nonneg_int, default=0, help="0 disables")
     p.add_argument("--top-p", type=probability, default=1.0, help="1.0 disables")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=count, default=128)
+    p.add_argument("--seed", type=nonneg_int, default=0)
 
 
 def _initialize(args) -> int:
@@ -320,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-temperature", type=positive_float, default=1.0)
     p.add_argument("--warmup", action="store_true",
                    help="compile first so the reported speed excludes compilation")
-    p.add_argument("--mesh", default=None, metavar="DATA,FSDP,TENSOR",
+    p.add_argument("--mesh", default=None, metavar="DATA,FSDP,TENSOR", type=mesh_arg,
                    help="decode on a device mesh (e.g. 2,2,2 or -1,1,1): prompts split over "
                    "data, weights over fsdp / tensor; same tokens as one device")
     _add_sampling_args(p)
@@ -357,11 +359,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="count the response tokens of this corpus folder / .jsonl (the "
                         "drafter's training data) into OUT/token_counts.npy, the ranking "
                         "that `@draft_vocab=N` specs take their tokens from")
-    p.add_argument("--draft-vocab", type=int, metavar="N",
+    p.add_argument("--draft-vocab", type=count, metavar="N",
                    help="write the drafter with a draft-time vocabulary of its N most "
                         "frequent response tokens, in vLLM's fields (draft_vocab_size, "
                         "d2t, t2d, lm_head.weight); loaders then draft over those N")
-    p.add_argument("--mesh", metavar="DATA,FSDP,TENSOR",
+    p.add_argument("--mesh", metavar="DATA,FSDP,TENSOR", type=mesh_arg,
                    help="for a training workdir: the device mesh to restore its checkpoint "
                         "onto (e.g. 1,-1,1); default: the training mesh if the devices "
                         "present fit it, else all of them on the fsdp axis")
@@ -377,7 +379,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "shorter block than the drafter was trained with; NAME=ngram[@n=4,k=7] "
                    "prompt lookup; NAME=FOLDER+ngram[@match=2] a trained drafter with "
                    "n-gram drafts where the text's suffix matched)")
-    p.add_argument("--blocks", type=int, nargs="+", default=None, metavar="N",
+    p.add_argument("--blocks", type=errors.int_arg(2, "2 3"), nargs="+", default=None,
+                   metavar="N",
                    help="also evaluate each drafter at these blocks (NAME_blockN; trained "
                    "drafters up to their own) and report, per drafter and temperature, the "
                    "block with the most tokens/s on this machine")
@@ -385,16 +388,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--benchmarks", nargs="+",
                    default=["humaneval", "mt-bench", "gsm8k", "creative-writing"])
     p.add_argument("--temperatures", type=nonneg_float, nargs="+", default=[0.7, 1.0, 1.5])
-    p.add_argument("--prompts-per-benchmark", type=int, default=8)
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--prompts-per-benchmark", type=count, default=8)
+    p.add_argument("--max-new-tokens", type=count, default=128)
     p.add_argument("--verify-mode", default="greedy-branch",
                    choices=VERIFY_MODES)
-    p.add_argument("--batch-size", type=int, default=1,
+    p.add_argument("--batch-size", type=count, default=1,
                    help="prompts per generate call (one result row per batch)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=nonneg_int, default=0)
     p.add_argument("--out", default="eval_out", type=local_folder,
                    help="resumable output folder (local or fuse-mounted)")
-    p.add_argument("--mesh", default=None, metavar="DATA,FSDP,TENSOR",
+    p.add_argument("--mesh", default=None, metavar="DATA,FSDP,TENSOR", type=mesh_arg,
                    help="decode on a mesh of this process's devices (e.g. 2,2,2 or -1,1,1): "
                    "prompts split over data, weights over fsdp / tensor; same tokens as one "
                    "device")
@@ -414,14 +417,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="held-out data: a corpus folder (with --shards), .jsonl or 'synthetic'")
     p.add_argument("--shards", default="",
                    help="A:B = corpus shards A .. B-1 (keep them out of the training snapshot)")
-    p.add_argument("--batches", type=int, default=8)
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--seq-len", type=int, default=256)
-    p.add_argument("--anchors", type=int, default=24, help="blocks per sequence")
+    p.add_argument("--batches", type=count, default=8)
+    p.add_argument("--batch-size", type=count, default=8)
+    p.add_argument("--seq-len", type=errors.int_arg(2, "256"), default=256)
+    p.add_argument("--anchors", type=count, default=24, help="blocks per sequence")
     p.add_argument("--verify-temperature", type=positive_float, default=1.0,
                    help="T_v of the acceptance; exact when the data were sampled at T_v")
     p.add_argument("--baseline", help="drafter NAME the gains are relative to")
-    p.add_argument("--seed", type=int, default=1234, help="anchor seed")
+    p.add_argument("--seed", type=nonneg_int, default=1234, help="anchor seed")
     p.add_argument("--out", type=local_folder,
                    help="local folder for validation.json / validation.md")
     p.add_argument("--no-progress", action="store_true")

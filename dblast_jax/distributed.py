@@ -17,10 +17,39 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from dblast_jax import sharding
+from dblast_jax import errors, sharding
 
 __all__ = ["initialize", "local_mesh", "mesh_shape", "define_cluster_flags",
-           "add_cluster_args", "initialize_from", "barrier", "setup_error"]
+           "add_cluster_args", "initialize_from", "barrier", "setup_error",
+           "check_address", "mesh_arg"]
+
+CPU_COLLECTIVES = ("gloo", "mpi", "none")  # jax_cpu_collectives_implementation's values
+
+
+def check_address(text: Optional[str]) -> Optional[str]:
+    """A coordinator address HOST:PORT (port 1 .. 65535), returned as given; ValueError
+    naming the expected form otherwise."""
+    if text in (None, ""):
+        return text
+    host, _, port = str(text).rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"coordinator address {text!r}: expected HOST:PORT, e.g. "
+                         "10.0.0.2:1234")
+    return text
+
+
+def _argparse_check(check, name: str):
+    """An argparse `type=` from a checker that raises ValueError."""
+    import argparse
+
+    def convert(text: str):
+        try:
+            check(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return text
+    convert.__name__ = name
+    return convert
 
 
 def _env_int(name: str) -> Optional[int]:
@@ -66,12 +95,23 @@ def define_cluster_flags() -> None:
     from absl import flags
     flags.DEFINE_string("coordinator_address", None, "host:port of process 0 "
                         "(multi-process); env JAX_COORDINATOR_ADDRESS")
-    flags.DEFINE_integer("num_processes", None, "number of processes; env JAX_NUM_PROCESSES")
-    flags.DEFINE_integer("process_id", None, "this process's index; env JAX_PROCESS_ID")
+    flags.DEFINE_integer("num_processes", None, "number of processes; env JAX_NUM_PROCESSES",
+                         lower_bound=1)
+    flags.DEFINE_integer("process_id", None, "this process's index; env JAX_PROCESS_ID",
+                         lower_bound=0)
     flags.DEFINE_bool("auto_distributed", False, "jax.distributed.initialize() with no "
                       "arguments (Cloud TPU pods, SLURM: the cluster is detected)")
-    flags.DEFINE_string("cpu_collectives", "gloo", "CPU cross-process collectives "
-                        "(multi-process CPU runs)")
+    flags.DEFINE_enum("cpu_collectives", "gloo", list(CPU_COLLECTIVES),
+                      "CPU cross-process collectives (multi-process CPU runs)")
+
+    def valid_address(value) -> bool:
+        try:
+            check_address(value)
+        except ValueError as e:
+            raise flags.ValidationError(str(e)) from None
+        return True
+
+    flags.register_validator("coordinator_address", valid_address)
 
 
 def add_cluster_args(parser, share: str) -> None:
@@ -79,13 +119,14 @@ def add_cluster_args(parser, share: str) -> None:
     is shared out."""
     import argparse
     g = parser.add_argument_group(f"several processes (one per host; {share})")
-    g.add_argument("--coordinator-address", help="host:port of process 0; env "
-                   "JAX_COORDINATOR_ADDRESS")
-    g.add_argument("--num-processes", type=int, help="env JAX_NUM_PROCESSES")
-    g.add_argument("--process-id", type=int, help="env JAX_PROCESS_ID")
+    g.add_argument("--coordinator-address", type=_argparse_check(check_address, "address"),
+                   help="host:port of process 0; env JAX_COORDINATOR_ADDRESS")
+    g.add_argument("--num-processes", type=errors.int_arg(1, "2"), help="env JAX_NUM_PROCESSES")
+    g.add_argument("--process-id", type=errors.int_arg(0, "0"), help="env JAX_PROCESS_ID")
     g.add_argument("--auto-distributed", action="store_true",
                    help="jax.distributed.initialize() with cluster detection (TPU pods, SLURM)")
-    g.add_argument("--cpu-collectives", default="gloo", help=argparse.SUPPRESS)
+    g.add_argument("--cpu-collectives", default="gloo", choices=CPU_COLLECTIVES,
+                   help=argparse.SUPPRESS)
 
 
 def mesh_shape(spec: Optional[str]) -> Optional[tuple[int, int, int]]:
@@ -101,6 +142,12 @@ def mesh_shape(spec: Optional[str]) -> Optional[tuple[int, int, int]]:
         raise ValueError(f"mesh {spec!r}: expected three integers data,fsdp,tensor "
                          "(e.g. 2,2,2 or -1,1,1)")
     return shape
+
+
+def mesh_arg(text: str) -> str:
+    """An argparse `type=` for a --mesh flag: 'data,fsdp,tensor' checked at parse time,
+    returned as given."""
+    return _argparse_check(mesh_shape, "mesh")(text)
 
 
 def local_mesh(spec: Optional[str]):

@@ -29,7 +29,8 @@ from dblast_jax.io import paths
 
 __all__ = ["EXIT_EXPECTED", "EXIT_BUG", "EXIT_INTERRUPTED", "UnknownNameError",
            "check_float_flags", "debug_enabled", "debug_flag", "describe", "interrupted",
-           "report", "non_utf8_argument", "parse_finite", "read_json", "run_absl"]
+           "report", "int_arg", "non_utf8_argument", "parse_finite", "parse_int", "read_json",
+           "run_absl"]
 
 EXIT_EXPECTED = 2  # an expected failure: one line on stderr
 EXIT_BUG = 1  # an unexpected exception: the traceback
@@ -109,6 +110,32 @@ def parse_finite(text: Any, what: str, *, minimum: Optional[float] = None,
     if maximum is not None and value > maximum:
         raise ValueError(f"{what}: must be <= {maximum:g}, got {text!r} (e.g. {example})")
     return value
+
+
+def parse_int(text: Any, what: str, *, minimum: Optional[int] = None,
+              example: str = "8") -> int:
+    """An integer from a flag value; refuses other text and values below `minimum` with a
+    ValueError naming `what` (the flag) and an accepted example."""
+    try:
+        value = int(str(text).strip())
+    except (TypeError, ValueError):
+        raise ValueError(f"{what}: expected an integer, got {text!r} (e.g. {example})") from None
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{what}: must be >= {minimum}, got {text!r} (e.g. {example})")
+    return value
+
+
+def int_arg(minimum: int, example: str) -> Callable[[str], int]:
+    """An argparse `type=`: an integer >= `minimum` (argparse names the flag)."""
+    import argparse
+
+    def convert(text: str) -> int:
+        try:
+            return parse_int(text, "value", minimum=minimum, example=example)
+        except ValueError as e:  # argparse prefixes "argument --flag: "
+            raise argparse.ArgumentTypeError(str(e).removeprefix("value: ")) from None
+    convert.__name__ = "integer"
+    return convert
 
 
 # ---- files named in messages ------------------------------------------------------------------

@@ -37,12 +37,14 @@ flags.DEFINE_string("baseline", None, "drafter NAME the relative gains refer to"
 flags.DEFINE_list("benchmarks", ["humaneval", "mt-bench", "gsm8k", "creative-writing"],
                   "evaluation sets")
 flags.DEFINE_list("temperatures", ["0.7", "1.0", "1.5"], "target temperatures")
-flags.DEFINE_integer("prompts_per_benchmark", 32, "first N prompts of each set (0 = all)")
-flags.DEFINE_integer("max_new_tokens", 256, "answer length per turn")
+flags.DEFINE_integer("prompts_per_benchmark", 32, "first N prompts of each set (0 = all)",
+                     lower_bound=0)
+flags.DEFINE_integer("max_new_tokens", 256, "answer length per turn", lower_bound=1)
 flags.DEFINE_enum("verify_mode", "greedy-branch", ["greedy-branch", "sampled-branch", "mixture"],
                   "verification mode")
-flags.DEFINE_integer("batch_size", 1, "prompts per generate call (one result row per batch)")
-flags.DEFINE_integer("seed", 0, "sampling seed")
+flags.DEFINE_integer("batch_size", 1, "prompts per generate call (one result row per batch)",
+                     lower_bound=1)
+flags.DEFINE_integer("seed", 0, "sampling seed", lower_bound=0)
 flags.DEFINE_string("out", "eval_out", "output folder (resumable)")
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "parameter dtype")
 flags.DEFINE_string("mesh", None, "data,fsdp,tensor mesh of this process's devices for "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Optional, Sequence
@@ -16,9 +17,9 @@ import jax
 from dblast_jax import generation
 from dblast_jax.data import dedup, sources
 from dblast_jax.data.stats import corpus_stats, format_stats
-from dblast_jax.distributed import add_cluster_args, initialize_from, local_mesh
+from dblast_jax.distributed import add_cluster_args, initialize_from, local_mesh, mesh_arg
 from dblast_jax.dtypes import dtype_from_name
-from dblast_jax.errors import parse_finite
+from dblast_jax.errors import UnknownNameError, int_arg, parse_finite
 from dblast_jax.io.fetch import ChecksumError, FetchError
 from dblast_jax.io.output_folder import check_output_folder
 
@@ -45,6 +46,10 @@ def _top_p(text: str) -> float:
         raise argparse.ArgumentTypeError(str(e).removeprefix("value: ")) from None
 
 
+_count = int_arg(1, "8")  # sizes, lengths, numbers of things: >= 1
+_nonneg = int_arg(0, "0")  # seeds; top-k (0 disables)
+
+
 def _names(text: Optional[str]) -> Optional[list[str]]:
     return [x.strip() for x in text.split(",") if x.strip()] if text else None
 
@@ -52,10 +57,9 @@ def _names(text: Optional[str]) -> Optional[list[str]]:
 def cmd_data_fetch(args) -> int:
     names = list(args.names or sources.SOURCES)
     unknown = [n for n in names if n not in sources.SOURCES]
-    if unknown:
-        print(f"unknown prompt sets {unknown}; known: {', '.join(sources.SOURCES)}",
-              file=sys.stderr)
-        return 2
+    if unknown:  # one line, status 2 (dblast's error path)
+        raise UnknownNameError(f"unknown prompt sets {unknown}; known: "
+                               f"{', '.join(sources.SOURCES)}")
     try:
         paths = sources.fetch_sources(names)
     except (FetchError, ChecksumError) as e:
@@ -145,19 +149,20 @@ def cmd_data_stats(args) -> int:
 
 
 def cmd_data_tfds(args) -> int:
-    from dblast_jax.data import tfds_builders  # optional dependency: tensorflow_datasets
     if not args.corpus and not args.prompts:
-        print("nothing to build: pass --corpus FOLDER and/or --prompts NAME[,NAME]",
-              file=sys.stderr)
-        return 2
+        raise ValueError("nothing to build: pass --corpus FOLDER and/or --prompts NAME[,NAME]")
+    if os.path.exists(args.data_dir) and not os.path.isdir(args.data_dir):
+        raise ValueError(f"--data-dir {args.data_dir!r} is a file, not a folder; give TFDS's "
+                         "data folder (created if absent)")
+    for name in _names(args.prompts) or []:  # before anything is built
+        if name not in sources.SOURCES:
+            raise UnknownNameError(f"unknown prompt set {name!r}; known: "
+                                   f"{', '.join(sources.SOURCES)}")
+    from dblast_jax.data import tfds_builders  # optional dependency: tensorflow_datasets
     if args.corpus:
         path = tfds_builders.build_corpus_dataset(args.corpus, args.data_dir, args.max_shards)
         print(f"corpus {args.corpus}: {path} (train with --data {path})")
     for name in _names(args.prompts) or []:
-        if name not in sources.SOURCES:
-            print(f"unknown prompt set {name!r}; known: {', '.join(sources.SOURCES)}",
-                  file=sys.stderr)
-            return 2
         print(f"{name}: {tfds_builders.build_prompt_dataset(name, args.data_dir)}")
     return 0
 
@@ -177,7 +182,7 @@ def add_data_subcommands(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="corpus folder, local or gs://BUCKET/PATH "
                    "(re-run to resume / grow)")
     p.add_argument("--pools", help="comma-separated training pools (default: all)")
-    p.add_argument("--limit", type=int, help="use the first N prompts of the shuffled pools")
+    p.add_argument("--limit", type=_count, help="use the first N prompts of the shuffled pools")
     p.add_argument("--prompts-from", metavar="CORPUS:A:B",
                    help="answer the prompts of corpus shards A .. B-1 instead of the pools "
                         "(a held-out set sampled at another temperature)")
@@ -185,18 +190,18 @@ def add_data_subcommands(subparsers) -> argparse.ArgumentParser:
                    help="comma-separated sampling temperatures (one answer per prompt each)")
     p.add_argument("--verify-temperatures", type=_floats, default=(1.0,),
                    help="comma-separated temperatures to store target log-probs at")
-    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-k", type=_nonneg, default=0)
     p.add_argument("--top-p", type=_top_p, default=1.0)
-    p.add_argument("--max-new-tokens", type=int, default=512)
-    p.add_argument("--max-prompt-tokens", type=int, default=1024)
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--shard-size", type=int, default=256)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-shards", type=int, help="stop after this many new shards")
+    p.add_argument("--max-new-tokens", type=_count, default=512)
+    p.add_argument("--max-prompt-tokens", type=_count, default=1024)
+    p.add_argument("--batch-size", type=_count, default=8)
+    p.add_argument("--shard-size", type=_count, default=256)
+    p.add_argument("--seed", type=_nonneg, default=0)
+    p.add_argument("--max-shards", type=_count, help="stop after this many new shards")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--system", help="system message for every prompt")
     p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--mesh", metavar="DATA,FSDP,TENSOR",
+    p.add_argument("--mesh", metavar="DATA,FSDP,TENSOR", type=mesh_arg,
                    help="device mesh over this process's devices, e.g. -1,1,1 (batches split "
                         "over the data axis; the answers equal a one-device run's, the "
                         "log-probs agree to float rounding)")
@@ -206,7 +211,7 @@ def add_data_subcommands(subparsers) -> argparse.ArgumentParser:
     p = sub.add_parser("tfds", help="TFDS (array_record) copies of a corpus / prompt sets, "
                        "for tfds.data_source + grain")
     p.add_argument("--corpus", help="a `dblast data regenerate` folder")
-    p.add_argument("--max-shards", type=int, help="only the corpus's first N shards")
+    p.add_argument("--max-shards", type=_count, help="only the corpus's first N shards")
     p.add_argument("--prompts", help="comma-separated prompt sets (e.g. gsm8k,mt-bench)")
     p.add_argument("--data-dir", required=True, help="TFDS data_dir")
     p.set_defaults(func=cmd_data_tfds)

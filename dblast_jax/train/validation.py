@@ -199,10 +199,6 @@ def validate_drafters(drafters: Mapping[str, Any], target: Any, data: str, *,
     out: dict[str, dict[str, Any]] = {}
     names = list(drafters)
     bar = None
-    if progress and pid == 0:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=len(names) * len(mine), desc="validate", unit="batch",
-                   dynamic_ncols=True)
     params = {name: _validation_params(name, d) for name, d in drafters.items()}
     for name in names:
         d = drafters[name]
@@ -226,6 +222,10 @@ def validate_drafters(drafters: Mapping[str, Any], target: Any, data: str, *,
                 source, target.config, getattr(target, "name", target.config.name), tparams,
                 uses_logp=mode == "data", log=print if progress and pid == 0 else None,
                 what="validation data")
+        if progress and pid == 0 and bar is None:  # after the data's checks: a bad --data /
+            from tqdm.auto import tqdm               # --shards is one line, without a bar
+            bar = tqdm(total=len(names) * len(mine), desc="validate", unit="batch",
+                       dynamic_ncols=True)
         fn = compiled_eval_step(cfg, dcfg, target.config, mode, mesh)
 
         def run_batch(i, dparams=dparams, fn=fn, mode=mode, dataset=dataset):
