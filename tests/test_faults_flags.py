@@ -340,14 +340,15 @@ def _is_switch_dblast(prog: str, flag: str) -> bool:
     return action.nargs == 0
 
 
-# A launcher's flags and its rows, in one process: its absl flags are parsed row after row
-# through errors.run_absl, as `python launch/X.py ARGS` would.
+# The launchers' flags and rows, in one process: each launcher is loaded in turn, its absl
+# flags parsed row after row through errors.run_absl (as `python launch/X.py ARGS` would),
+# then its flags are removed so that the next launcher can define its own.
 _DRIVER = textwrap.dedent("""
     import contextlib, io, json, runpy, sys
     from absl import flags
     from dblast_jax import errors, generation
     from dblast_jax.train import trainer
-    launcher, rows = sys.argv[1], json.loads(sys.argv[2])
+    jobs = json.loads(sys.argv[1])
 
     def only_tiny(load):  # a row that got as far as loading a real model is a failed row
         def load_target(name, *a, **k):
@@ -358,23 +359,29 @@ _DRIVER = textwrap.dedent("""
 
     ALLOWED = %r
     generation.load_target = trainer.load_target = only_tiny(generation.load_target)
-    module = runpy.run_path(launcher, run_name="audited_launcher")
     FLAGS = flags.FLAGS
-    mine = {f.name: type(f).__name__ for m, fl in FLAGS.flags_by_module_dict().items()
-            if m in ("audited_launcher", "dblast_jax.distributed") for f in fl}
-    results = []
-    for argv in rows:
+    out = {}
+    for launcher, rows in jobs.items():
+        module = runpy.run_path(launcher, run_name="audited_launcher")
+        mine = {f.name: type(f).__name__ for m, fl in FLAGS.flags_by_module_dict().items()
+                if m in ("audited_launcher", "dblast_jax.distributed") for f in fl}
+        results = []
+        for argv in rows:
+            FLAGS.unparse_flags()
+            sys.argv = [launcher, *argv]
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+                try:
+                    errors.run_absl(module["main"], launcher)
+                    status = 0
+                except SystemExit as e:
+                    status = e.code
+            results.append([status, err.getvalue()])
+        out[launcher] = {"flags": mine, "results": results}
         FLAGS.unparse_flags()
-        sys.argv = [launcher, *argv]
-        err = io.StringIO()
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            try:
-                errors.run_absl(module["main"], launcher)
-                status = 0
-            except SystemExit as e:
-                status = e.code
-        results.append([status, err.getvalue()])
-    print(json.dumps({"flags": mine, "results": results}))
+        for name in mine:
+            delattr(FLAGS, name)
+    print(json.dumps(out))
 """)
 
 
@@ -382,11 +389,11 @@ ALLOWED_MODELS = ("nope", "tiny-llama", "tiny-qwen3", "tiny-smollm2")
 _DRIVER = _DRIVER.replace("%r", repr(ALLOWED_MODELS))
 
 
-def _run_launcher(launcher, rows):
+def _run_launchers(jobs):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     env.pop("DBLAST_DEBUG", None)
-    done = subprocess.run([sys.executable, "-c", _DRIVER, launcher, json.dumps(rows)],
-                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-c", _DRIVER, json.dumps(jobs)], cwd=REPO_ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -418,12 +425,12 @@ def _check_one_line(status, err, needle, what):
 @pytest.fixture(scope="module")
 def launcher_runs(places):
     """{launcher: its flags (name -> absl flag type) and its rows' (status, stderr)}."""
-    out = {}
-    for launcher in LAUNCHERS:
-        keys = sorted(k for k in TABLE if k[0] == launcher)
-        run = _run_launcher(launcher, [_fill(TABLE[k][0], places) for k in keys])
-        out[launcher] = (run["flags"], dict(zip(keys, run["results"])))
-    return out
+    keys = {launcher: sorted(k for k in TABLE if k[0] == launcher) for launcher in LAUNCHERS}
+    runs = _run_launchers({launcher: [_fill(TABLE[k][0], places) for k in keys[launcher]]
+                           for launcher in LAUNCHERS})
+    return {launcher: (runs[launcher]["flags"], dict(zip(keys[launcher],
+                                                         runs[launcher]["results"])))
+            for launcher in LAUNCHERS}
 
 
 def test_every_flag_is_audited(launcher_runs):
