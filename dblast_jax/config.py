@@ -160,6 +160,25 @@ VERIFY_MODES = ("greedy-branch", "sampled-branch", "mixture", "sampled-mixture")
 CORRECTIONS = ("none", "previous-token")
 # correction_rank when a correction is asked for without one (min(this, hidden_size))
 DEFAULT_CORRECTION_RANK = 32
+# Attention among a trained drafter's block positions: "bidirectional" (DFlash / DBlast as
+# published: one parallel pass, every block position sees the whole block) or "causal"
+# (block position i sees the context and the block's tokens before it only; drafts are
+# taken left to right, one drafter pass per position, each drafted token's embedding put
+# in its block position; dblast_jax/block_causal.py, docs/METHOD.md section 3.2).
+BLOCK_ATTENTIONS = ("bidirectional", "causal")
+
+
+def block_attention_problems(block_attention: Any, correction: Any,
+                             prefix: str = "") -> list[str]:
+    """What is wrong with block_attention (and its pairing with a correction head)."""
+    if block_attention not in BLOCK_ATTENTIONS:
+        return [f"{prefix}block_attention must be one of {', '.join(BLOCK_ATTENTIONS)}, got "
+                f"{block_attention!r}"]
+    if block_attention == "causal" and correction not in (None, "none"):
+        return [f"{prefix}block_attention=causal does not combine with {prefix}correction="
+                f"{correction} (a causal block already conditions each position on the "
+                "drafted tokens before it)"]
+    return []
 
 
 def _is_int(v: Any) -> bool:
@@ -224,12 +243,15 @@ class DrafterConfig:
     # a serial correction head (CORRECTIONS) of rank correction_rank (0 with "none")
     correction: str = "none"
     correction_rank: int = 0
+    # attention among the block's positions (BLOCK_ATTENTIONS)
+    block_attention: str = "bidirectional"
     name: str = "drafter"
 
     def __post_init__(self):
         problems = correction_problems(self.correction, self.correction_rank)
         if not problems and not _is_int(self.correction_rank):
             problems = [f"correction_rank must be an integer, got {self.correction_rank!r}"]
+        problems = problems or block_attention_problems(self.block_attention, self.correction)
         if problems:
             raise ValueError(problems[0])
         if self.correction_rank > self.hidden_size:
@@ -260,7 +282,9 @@ class DrafterConfig:
                    num_categories: int = 1, expander_width: Optional[int] = None,
                    target_layer_ids: Optional[tuple[int, ...]] = None,
                    intermediate_size: Optional[int] = None, correction: str = "none",
-                   correction_rank: Optional[int] = None, **overrides: Any) -> "DrafterConfig":
+                   correction_rank: Optional[int] = None,
+                   block_attention: str = "bidirectional",
+                   **overrides: Any) -> "DrafterConfig":
         """A drafter shaped like the target's layers (DFlash's choice). correction_rank
         None: min(DEFAULT_CORRECTION_RANK, H) with a correction, 0 without."""
         if expander_width is None:
@@ -277,7 +301,8 @@ class DrafterConfig:
                   block_size=block_size, rope_theta=target.rope_theta,
                   rms_norm_eps=target.rms_norm_eps, vocab_size=target.vocab_size,
                   num_categories=num_categories, expander_width=expander_width,
-                  correction=correction, correction_rank=correction_rank)
+                  correction=correction, correction_rank=correction_rank,
+                  block_attention=block_attention)
         return cfg.replace(**overrides)
 
 
@@ -387,6 +412,9 @@ class DrafterSpec:
     # None: automatic (min(DEFAULT_CORRECTION_RANK, H) with a correction)
     correction: str = "none"
     correction_rank: Optional[int] = None
+    # attention among the block's positions: "bidirectional" or "causal"
+    # (config.BLOCK_ATTENTIONS)
+    block_attention: str = "bidirectional"
 
     def __post_init__(self):
         if isinstance(self.target_layer_ids, list):  # JSON / Python lists: hashable tuple
@@ -420,6 +448,7 @@ class DrafterSpec:
                        f"or none (DFlash's default for the depth), got {ids!r}")
         out += correction_problems(self.correction, self.correction_rank, "drafter.",
                                    rank_optional=True)
+        out += block_attention_problems(self.block_attention, self.correction, "drafter.")
         return out
 
     def replace(self, **changes: Any) -> "DrafterSpec":
@@ -432,7 +461,8 @@ class DrafterSpec:
             num_categories=self.num_categories, expander_width=self.expander_width,
             target_layer_ids=self.target_layer_ids, intermediate_size=self.intermediate_size,
             mask_token_id=self.mask_token_id, correction=self.correction,
-            correction_rank=self.correction_rank, name=name)
+            correction_rank=self.correction_rank, block_attention=self.block_attention,
+            name=name)
 
 
 # The flat TrainConfig fields that held the drafter's shape before `TrainConfig.drafter`
@@ -449,6 +479,7 @@ LEGACY_DRAFTER_FIELDS = {
     # not of before, but flat names all the same (`--override correction=previous-token`)
     "correction": "correction",
     "correction_rank": "correction_rank",
+    "block_attention": "block_attention",
 }
 
 

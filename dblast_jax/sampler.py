@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from dblast_jax import correction, draft_vocab, ngram, verify
+from dblast_jax import block_causal, correction, draft_vocab, ngram, verify
 from dblast_jax.config import (CombinedDrafterConfig, NgramConfig, SamplingConfig, TargetConfig,
                                trained_drafter_config)
 from dblast_jax.models import drafter as drafter_lm
@@ -213,9 +213,13 @@ def _trained_draft(dparams, tparams, state: SpecState, keys, tcfg, dcfg,
     draft-time vocabulary (`draft_vocab.attach`) every q is the softmax over its N ids and
     0 elsewhere: drawn from and verified against that same q (exact). A drafter with a
     correction head drafts left to right (`correction.draft`), each q_i corrected by the
-    token drafted before it."""
+    token drafted before it. A causal-block drafter drafts left to right too, one drafter
+    pass per position (`block_causal.draft`)."""
     k_cat, k_draft = keys[0], keys[1]
     core, dv = draft_vocab.split(dparams)
+    if dcfg.block_attention == "causal":
+        return block_causal.draft(core, dv, tparams, state.anchor, state.anchor_pos,
+                                  state.draft_cache, keys, tcfg, dcfg, sampling)
     hidden, prior = drafter_lm.draft_hidden(core, tparams, state.anchor, state.anchor_pos,
                                             state.draft_cache, drafter_config=dcfg,
                                             target_config=tcfg)

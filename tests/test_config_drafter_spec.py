@@ -53,7 +53,8 @@ def test_flat_train_config_json_loads_as_the_nested_config():
     nested.update(tap_rms_scaling=False, train_head_tokens=0, train_head_sampled=1024)
     new = TC.TrainConfig.from_dict(nested)
     assert old == new and hash(old) == hash(new)
-    nested["drafter"].update(correction="none", correction_rank=None)  # written since
+    nested["drafter"].update(correction="none", correction_rank=None,  # written since
+                             block_attention="bidirectional")
     assert json.loads(old.to_json()) == json.loads(json.dumps(nested, sort_keys=True))
     assert TC.TrainConfig.from_dict(json.loads(new.to_json())) == new
     launched = TC.get_experiment("smollm2_dflash_baseline", [
@@ -67,7 +68,8 @@ def test_flat_train_config_json_loads_as_the_nested_config():
     assert TC.get_experiment("qwen3_dblast_k4_al").train_head_tokens == 0
     dc = old.drafter_config(SMOLLM2)
     assert dataclasses.asdict(dc) == dict(RECORDED_DRAFTER, name="smollm2_dflash_baseline",
-                                          correction="none", correction_rank=0)
+                                          correction="none", correction_rank=0,
+                                          block_attention="bidirectional")
     # ... and the run's identity is the recorded one (the correction fields only when on)
     from dblast_jax.train.checkpoint import experiment_identity
     recorded = {k: list(v) if isinstance(v, tuple) else v for k, v in RECORDED_DRAFTER.items()}

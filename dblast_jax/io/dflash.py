@@ -163,6 +163,7 @@ def drafter_config_from_dflash(cfg: dict, target_config: TargetConfig, *,
                          f"{n_target}) do not fit the {target_config.num_layers}-layer "
                          f"target {target_config.name}")
     correction, correction_rank = _correction_of(dblast, source)
+    block_attention = _block_attention_of(dflash, dblast, source)
     return DrafterConfig(
         hidden_size=hidden, intermediate_size=int(cfg["intermediate_size"]),
         num_layers=n_layers, num_heads=heads,
@@ -175,6 +176,7 @@ def drafter_config_from_dflash(cfg: dict, target_config: TargetConfig, *,
         num_categories=int(dblast.get("num_categories", 1)),
         expander_width=int(dblast.get("expander_width", 0)),
         correction=correction, correction_rank=correction_rank,
+        block_attention=block_attention,
         name=str(cfg.get("name_or_path", cfg.get("_name_or_path", "dflash")) or "dflash"))
 
 
@@ -191,6 +193,46 @@ def _correction_of(dblast: dict, source: str) -> tuple[str, int]:
         raise ValueError(f"{source}: dblast_config.correction_rank must be an integer >= 1 "
                          f"with correction {correction!r}, got {rank!r}")
     return correction, rank
+
+
+def _block_attention_of(dflash: dict, dblast: dict, source: str) -> str:
+    """"causal" when `dflash_config.causal` is true (vLLM's key) or dblast_config says so,
+    else "bidirectional"; a value this version does not know is refused."""
+    from dblast_jax.config import BLOCK_ATTENTIONS
+    causal = dflash.get("causal", None)
+    if causal is not None and not isinstance(causal, bool):
+        raise ValueError(f"{source}: dflash_config.causal must be true or false, got "
+                         f"{causal!r}")
+    attention = dblast.get("block_attention", "causal" if causal else "bidirectional")
+    if attention not in BLOCK_ATTENTIONS:
+        raise ValueError(f"{source}: dblast_config.block_attention {attention!r} is not one "
+                         f"this version of dblast_jax can draft with "
+                         f"({', '.join(BLOCK_ATTENTIONS)})")
+    if causal is not None and causal != (attention == "causal"):
+        raise ValueError(f"{source}: dflash_config.causal {str(causal).lower()} contradicts "
+                         f"dblast_config.block_attention {attention!r}")
+    return attention
+
+
+def _dblast_only_note(config: DrafterConfig) -> str:
+    """Why a DBlast-only export cannot run in DFlash loaders, and what loads it."""
+    if config.block_attention != "bidirectional":
+        return ("DBlast-only checkpoint with a causal block (dflash_config.causal): "
+                "drafts are taken left to right, one drafter pass per block position "
+                "with the drafted tokens' embeddings in the block; DFlash loaders "
+                "(vLLM reads dflash_config.causal) draft the block in one pass over "
+                "MASK positions, which is not what it was trained for. Load it with "
+                "dblast_jax (load_drafter), not with dblast_jax.io.torch_drafter")
+    if config.correction != "none":
+        return ("DBlast-only checkpoint with a serial correction head (drafts are "
+                "taken left to right, each position's logits corrected by the token "
+                "drafted before it): load it with dblast_jax (load_drafter), not with "
+                "DFlash loaders (dflash.DFlashDraftModel, vLLM, SGLang) nor "
+                "dblast_jax.io.torch_drafter")
+    return ("DBlast-only checkpoint (K > 1 latent mixture and/or learned mask "
+            "embedding): load it with dblast_jax (load_drafter) or "
+            "dblast_jax.io.torch_drafter.DBlastDrafterTorch, not with DFlash "
+            "loaders (dflash.DFlashDraftModel, vLLM, SGLang)")
 
 
 def dflash_config_dict(config: DrafterConfig, dtype: str = "float32") -> dict:
@@ -236,16 +278,7 @@ def dflash_config_dict(config: DrafterConfig, dtype: str = "float32") -> dict:
             # the `dflash` package and vLLM cannot run this checkpoint: they would ignore
             # the dblast.* tensors (K > 1 mixture) or have no mask token to fill the block
             "dblast_only": True,
-            "note": ("DBlast-only checkpoint (K > 1 latent mixture and/or learned mask "
-                     "embedding): load it with dblast_jax (load_drafter) or "
-                     "dblast_jax.io.torch_drafter.DBlastDrafterTorch, not with DFlash "
-                     "loaders (dflash.DFlashDraftModel, vLLM, SGLang)"
-                     if config.correction == "none" else
-                     "DBlast-only checkpoint with a serial correction head (drafts are "
-                     "taken left to right, each position's logits corrected by the token "
-                     "drafted before it): load it with dblast_jax (load_drafter), not with "
-                     "DFlash loaders (dflash.DFlashDraftModel, vLLM, SGLang) nor "
-                     "dblast_jax.io.torch_drafter"),
+            "note": _dblast_only_note(config),
             "format_version": FORMAT_VERSION,
             "num_categories": config.num_categories,
             "expander_width": config.expander_width,
@@ -263,12 +296,23 @@ def dflash_config_dict(config: DrafterConfig, dtype: str = "float32") -> dict:
                     " + ctx_proj(h_i)))), x_0 = the anchor, h_i = branch state; drafts "
                     "left to right"),
             })
+        if config.block_attention != "bidirectional":
+            cfg["dblast_config"].update({
+                "block_attention": config.block_attention,
+                "block_drafting": ("left to right: pass i runs [anchor, d_1 .. d_{i-1}, "
+                                   "MASK ..] with block position i attending to the "
+                                   "context and block positions <= i, and reads position "
+                                   "i; training teacher-forces the data tokens"),
+            })
+    if config.block_attention == "causal":  # where vLLM's DFlash loader reads it
+        cfg["dflash_config"]["causal"] = True
     return cfg
 
 
 def needs_dblast_extras(config: DrafterConfig) -> bool:
     return (config.num_categories > 1 or config.expander_width > 0
-            or config.mask_token_id is None or config.correction != "none")
+            or config.mask_token_id is None or config.correction != "none"
+            or config.block_attention != "bidirectional")
 
 
 # ---- safetensors ------------------------------------------------------------------------

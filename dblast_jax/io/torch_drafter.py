@@ -157,6 +157,12 @@ class _DrafterCore:
                              f"correction {dblast['correction']!r}), which this PyTorch "
                              "drafter does not implement: load it with dblast_jax "
                              "(load_drafter)")
+        if dflash.get("causal") or dblast.get("block_attention", "bidirectional") != \
+                "bidirectional":
+            raise ValueError("this export has a causal block (dflash_config.causal), which "
+                             "this PyTorch drafter does not implement (it drafts the block "
+                             "in one bidirectional pass): load it with dblast_jax "
+                             "(load_drafter)")
         nkv = int(c.get("num_key_value_heads") or heads)
         d = int(c.get("head_dim") or h // heads)
         eps = float(c.get("rms_norm_eps", 1e-6))

@@ -31,6 +31,14 @@ the token at position i - 1 (the anchor for i = 1) and of the branch's own state
 `draft_hidden` returns the uncorrected parallel states and the sampler adds the
 correction serially, left to right, from the tokens it drafts.
 
+Causal block (`block_attention = "causal"`; dblast_jax/block_causal.py drafts with it):
+block position i attends to the context and to block positions <= i only (its own input
+is MASK while it is drafted, so it conditions on the anchor and the tokens before it).
+Drafting is left to right, `causal_pass` once per position over [anchor, d_1 .. d_{i-1},
+MASK ..]; `train_hidden` computes every such pass at once, teacher-forced, with two
+streams in one block (`teacher_forced_layout`). `draft_hidden` runs one causal pass over
+[anchor, MASK ..] (position 1's state is the first drafting pass's).
+
 Parameters are a plain nested dict (see `PARAM_LAYOUT`), separate from the target's.
 All public functions are jittable with the configs (keyword arguments) static.
 
@@ -404,7 +412,7 @@ def append_context(dparams: Params, taps: Array, positions: Array, cache: KVCach
 
 
 def _block_attend(q: Array, k_ctx: Array, v_ctx: Array, ctx_visible: Array,
-                  k_blk: Array, v_blk: Array) -> Array:
+                  k_blk: Array, v_blk: Array, blk_visible: Optional[np.ndarray] = None) -> Array:
     """Attention of A blocks over [shared context ; own block] (block-sparse, no loop).
 
     q: [B, A, b, Nq, D]; k_ctx, v_ctx: [B, S, Nkv, D]; ctx_visible: [B, A, S] bool;
@@ -412,6 +420,8 @@ def _block_attend(q: Array, k_ctx: Array, v_ctx: Array, ctx_visible: Array,
     visible for it and all b keys of block a, none of any other block. One softmax over
     the S + b logits in float32 -> [B, A, b, Nq * D]. Equivalent to a dense mask over
     [context ; all A blocks] without materialising the A*b x A*b block part.
+    blk_visible: a static [b, b] bool (query slot, key slot) mask inside every block, each
+    row with its diagonal set (a causal block); None: all b keys (bidirectional).
     """
     n, a, j, nq, d = q.shape
     nkv = k_ctx.shape[2]
@@ -422,6 +432,8 @@ def _block_attend(q: Array, k_ctx: Array, v_ctx: Array, ctx_visible: Array,
     s_ctx = jnp.where(ctx_visible[:, :, None, None, None, :], s_ctx, -jnp.inf)
     s_blk = jnp.einsum("najkgd,naikd->nakgji", q, k_blk,
                        preferred_element_type=jnp.float32) * scale
+    if blk_visible is not None:
+        s_blk = jnp.where(jnp.asarray(blk_visible), s_blk, -jnp.inf)
     scores = jnp.concatenate([s_ctx, s_blk], axis=-1)
     weights = jax.nn.softmax(scores, axis=-1)  # block keys always visible: finite max
     w_ctx = weights[..., :k_ctx.shape[1]].astype(v_ctx.dtype)
@@ -443,20 +455,65 @@ def _block_embeddings(model: Drafter, config: DrafterConfig, tparams: Params,
     return jnp.concatenate([anchor[:, :, None, :], masks], axis=2)
 
 
+def _mask_embedding(model: Drafter, config: DrafterConfig, tparams: Params, dtype) -> Array:
+    if config.mask_token_id is None:
+        return model.mask_embedding[...].astype(dtype)
+    return tparams["embed"]["embedding"][config.mask_token_id].astype(dtype)
+
+
+def _token_block_embeddings(model: Drafter, config: DrafterConfig, tparams: Params,
+                            block_tokens: Array, dtype) -> Array:
+    """block_tokens [B, A, J] int -> block inputs [B, A, J, H]: each token's embedding,
+    the MASK input where the id is negative (a position not drafted yet)."""
+    emb = target_lib.embed(tparams, jnp.maximum(block_tokens, 0)).astype(dtype)
+    return jnp.where(block_tokens[..., None] < 0,
+                     _mask_embedding(model, config, tparams, dtype), emb)
+
+
+def causal_block_mask(block_size: int) -> np.ndarray:
+    """The in-block mask of a causal block when drafting: slot i sees slots 0 .. i (the
+    anchor, the drafted tokens before it, and its own MASK input)."""
+    return np.tril(np.ones((block_size, block_size), bool))
+
+
+def teacher_forced_layout(block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, in-block mask) of a causal block's training pass: two streams in one
+    block of 2 (b - 1) slots. Content slots 0 .. b-2 hold the anchor and the data tokens
+    x_1 .. x_{b-2} at offsets 0 .. b-2 and see content slots up to themselves; the query
+    slot of position i (1 .. b-1) holds MASK at offset i and sees content slots 0 .. i-1
+    and itself. A content slot computes exactly what the drafting pass computes at a slot
+    holding a drafted token, and query slot i what it computes at the MASK slot i once
+    slots 1 .. i-1 hold tokens: the drafting passes' states, all in one pass."""
+    c = block_size - 1
+    offsets = np.concatenate([np.arange(c), np.arange(1, block_size)]).astype(np.int32)
+    visible = np.zeros((2 * c, 2 * c), bool)
+    visible[:c, :c] = np.tril(np.ones((c, c), bool))
+    for i in range(1, block_size):
+        visible[c + i - 1, :i] = True
+        visible[c + i - 1, c + i - 1] = True
+    return offsets, visible
+
+
 def _blocks_forward(model: Drafter, config: DrafterConfig, x: Array, anchors: Array,
-                    ctx_kv, ctx_visible: Array) -> Array:
+                    ctx_kv, ctx_visible: Array, offsets: Optional[np.ndarray] = None,
+                    blk_visible: Optional[np.ndarray] = None) -> Array:
     """x [B, A, b, H] block inputs anchored at anchors [B, A]; ctx_kv per layer
-    (k, v) [B, S, Nkv, D]; ctx_visible [B, A, S]. Returns final-normed u [B, A, b, H]."""
+    (k, v) [B, S, Nkv, D]; ctx_visible [B, A, S]. Returns final-normed u [B, A, b, H].
+    offsets: the slots' static positions after the anchor (None: 0 .. b - 1);
+    blk_visible: the static in-block mask of `_block_attend` (None: bidirectional)."""
     n, a, j, h = x.shape
     inv_freq = _inv_freq(config)
-    pos = (anchors[:, :, None] + jnp.arange(j, dtype=jnp.int32)).reshape(n, a * j)
+    offsets = (jnp.arange(j, dtype=jnp.int32) if offsets is None
+               else jnp.asarray(offsets, jnp.int32))
+    pos = (anchors[:, :, None] + offsets).reshape(n, a * j)
     xf = x.reshape(n, a * j, h)
     for layer, (k_ctx, v_ctx) in zip(model.layers, ctx_kv):
         hn = layer.input_norm(xf)
         q = layer.attn.queries(hn, pos, inv_freq)
         k, v = layer.attn.keys_values(hn, pos, inv_freq)
         out = _block_attend(q.reshape(n, a, j, *q.shape[2:]), k_ctx, v_ctx, ctx_visible,
-                            k.reshape(n, a, j, *k.shape[2:]), v.reshape(n, a, j, *v.shape[2:]))
+                            k.reshape(n, a, j, *k.shape[2:]), v.reshape(n, a, j, *v.shape[2:]),
+                            blk_visible)
         xf = layer.finish(xf, out.reshape(n, a * j, -1))
     return model.final_norm(xf).reshape(n, a, j, h)
 
@@ -488,6 +545,8 @@ def draft_hidden(dparams: Params, tparams: Params, anchor_tokens: Array,
     `branch_logits`; for greedy-branch decoding pick it first with `select_branch`.
     A correction head is not applied here: the states are the parallel pass's, and
     dblast_jax/correction.py adds the correction serially from the drafted tokens.
+    A causal block runs here with the causal mask over MASK positions: only position 1
+    is a drafting pass's state; the sampler drafts with `causal_pass` (block_causal.py).
     """
     del target_config  # the target's embedding comes in via tparams
     anchor_tokens = jnp.asarray(anchor_tokens)
@@ -508,10 +567,37 @@ def draft_hidden(dparams: Params, tparams: Params, anchor_tokens: Array,
                           _dtype_of(dparams))
     visible = (jnp.arange(cache.size, dtype=jnp.int32)[None, None, :]
                < anchor_positions[:, None, None])  # [B, 1, S]
+    causal = drafter_config.block_attention == "causal"
     u = _blocks_forward(model, drafter_config, x, anchor_positions[:, None],
-                        list(zip(cache.k, cache.v)), visible)
+                        list(zip(cache.k, cache.v)), visible,
+                        blk_visible=causal_block_mask(drafter_config.block_size)
+                        if causal else None)
     branch, prior = _heads(model, drafter_config, u)
     return branch[:, 0], prior[:, 0]
+
+
+def causal_pass(dparams: Params, tparams: Params, block_tokens: Array,
+                anchor_positions: Array, cache: KVCache, slot, *,
+                drafter_config: DrafterConfig) -> tuple[Array, Array]:
+    """One left-to-right drafting pass of a causal block (dblast_jax/block_causal.py).
+
+    block_tokens [B, M, b] int: M blocks per row, all anchored at anchor_positions [B]
+    (slot 0 the anchor, slots 1 .. slot-1 the tokens drafted so far, -1 = MASK at `slot`
+    and after); slot: the position read, 1 .. b-1 (may be traced). The whole block runs
+    with the causal mask, so what sits after `slot` does not matter. Returns (branch
+    states of `slot` [B, M, K, H], prior logits [B, M, K] float32 of the anchor slot)."""
+    model = _module(dparams, drafter_config)
+    n, m, j = block_tokens.shape
+    x = _token_block_embeddings(model, drafter_config, tparams, block_tokens,
+                                _dtype_of(dparams))
+    anchors = jnp.broadcast_to(anchor_positions.astype(jnp.int32)[:, None], (n, m))
+    visible = jnp.broadcast_to(jnp.arange(cache.size, dtype=jnp.int32)[None, None, :]
+                               < anchors[:, :, None], (n, m, cache.size))
+    u = _blocks_forward(model, drafter_config, x, anchors, list(zip(cache.k, cache.v)),
+                        visible, blk_visible=causal_block_mask(j))
+    u_slot = jax.lax.dynamic_index_in_dim(u, slot, axis=2, keepdims=True)
+    branch, prior = _heads(model, drafter_config, jnp.concatenate([u[:, :, :1], u_slot], 2))
+    return branch[:, :, :, 0], prior
 
 
 def train_hidden(dparams: Params, tparams: Params, taps: Array, tokens: Array,
@@ -527,6 +613,10 @@ def train_hidden(dparams: Params, tparams: Params, taps: Array, tokens: Array,
     Returns (branch_hidden [B, A, K, b-1, H], prior_logits [B, A, K] float32), equal to
     `draft_hidden` on the same anchor and context (without a correction head). Anchors may repeat (the outputs are
     then equal); masking anchors that are padding is the caller's job.
+
+    A causal block is teacher-forced too (`teacher_forced_layout`): position i's state is
+    the drafting pass's for the prefix tokens[b, anchor + 1 .. anchor + i - 1], in one
+    pass over 2 (b - 1) slots per block.
 
     With a correction head the branch states are corrected teacher-forced: slot i's
     previous token is the data token tokens[b, anchor + i - 1] (the anchor for i = 1), so
@@ -555,10 +645,23 @@ def train_hidden(dparams: Params, tparams: Params, taps: Array, tokens: Array,
     ctx_pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     inv_freq = _inv_freq(drafter_config)
     ctx_kv = [layer.attn.keys_values(feats, ctx_pos, inv_freq) for layer in model.layers]
-    anchor_tokens = jnp.take_along_axis(tokens, jnp.clip(anchors, 0, t - 1), axis=1)
-    x = _block_embeddings(model, drafter_config, tparams, anchor_tokens, _dtype_of(dparams))
     visible = jnp.arange(t, dtype=jnp.int32)[None, None, :] < anchors[:, :, None]
-    u = _blocks_forward(model, drafter_config, x, anchors, ctx_kv, visible)
+    if drafter_config.block_attention == "causal":  # teacher forced, two streams
+        c = drafter_config.block_size - 1
+        idx = anchors[:, :, None] + jnp.arange(c, dtype=jnp.int32)  # anchor, x_1 .. x_{b-2}
+        content = jnp.take_along_axis(tokens, jnp.clip(idx, 0, t - 1).reshape(b, -1),
+                                      axis=1).reshape(idx.shape)
+        x = _token_block_embeddings(model, drafter_config, tparams, jnp.concatenate(
+            [content, jnp.full(idx.shape, -1, content.dtype)], axis=2), _dtype_of(dparams))
+        offsets, blk_visible = teacher_forced_layout(drafter_config.block_size)
+        u = _blocks_forward(model, drafter_config, x, anchors, ctx_kv, visible, offsets,
+                            blk_visible)
+        u = jnp.concatenate([u[:, :, :1], u[:, :, c:]], axis=2)  # anchor + query slots
+    else:
+        anchor_tokens = jnp.take_along_axis(tokens, jnp.clip(anchors, 0, t - 1), axis=1)
+        x = _block_embeddings(model, drafter_config, tparams, anchor_tokens,
+                              _dtype_of(dparams))
+        u = _blocks_forward(model, drafter_config, x, anchors, ctx_kv, visible)
     branch, prior = _heads(model, drafter_config, u)
     if drafter_config.correction != "none":
         idx = anchors[:, :, None] + jnp.arange(drafter_config.block_size - 1, dtype=jnp.int32)

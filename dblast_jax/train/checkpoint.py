@@ -65,6 +65,8 @@ def experiment_identity(drafter_config, target_name: str, loss: str,
     if dc.get("correction") == "none":  # recorded only when on: older workdirs resume
         dc.pop("correction")
         dc.pop("correction_rank", None)
+    if dc.get("block_attention") == "bidirectional":  # likewise
+        dc.pop("block_attention")
     out = {"version": IDENTITY_VERSION, "drafter_config": dc, "target": str(target_name),
            "loss": str(loss)}
     if tap_rms_scaling:

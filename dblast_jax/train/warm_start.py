@@ -39,7 +39,9 @@ Params = dict[str, Any]
 DRAFTER_PREFIX = "drafter:"
 _WHO = f"drafter_init={DRAFTER_PREFIX}SPEC"  # how errors name the option
 # DrafterConfig fields that only the DBlast heads depend on: the source may differ there
-_HEAD_FIELDS = ("num_categories", "expander_width", "correction", "correction_rank", "name")
+# (block_attention too: a causal block has the trunk's parameters, attending differently)
+_HEAD_FIELDS = ("num_categories", "expander_width", "correction", "correction_rank",
+                "block_attention", "name")
 # parameter subtrees that a K > 1 drafter (or one with a correction head) has and a K = 1
 # drafter lacks: a run may add them to the trunk it starts from
 _HEAD_PARAMS = ("expander", "prior", "correction")
