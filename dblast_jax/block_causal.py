@@ -5,10 +5,12 @@ tokens before it (and its own input), never to positions after it (`models/draft
 `causal_block_mask`). The drafts are taken left to right: pass i runs the drafter over
 the block [anchor, d_1 .. d_{i-1}, MASK, ..] with the causal mask and reads position i,
 so q_i conditions on the drafted prefix; d_i's embedding then goes into position i.
-That is b - 1 drafter passes per block (`lax.scan`, static shapes: each pass runs the
-whole block, and the causal mask makes the positions after i irrelevant). Every pass
-reuses the draft cache's context keys / values; only the block's b positions are
-recomputed. The LM head runs once per position, on that position's state only.
+That is b - 1 drafter passes per block (`lax.scan`, static shapes). A pass does not rerun
+the whole block (`models/drafter.py`, `causal_pass`, the definition): the causal mask
+makes the positions after i irrelevant and those before i unchanged, so pass i
+(`causal_step`) computes two positions only, d_{i-1}'s (its keys / values kept per layer
+for the later passes) and position i's MASK, against the draft cache's context keys /
+values. The LM head runs once per position, on that position's state only.
 
 Exactness (docs/METHOD.md section 3.2). The proposal recorded for position i is the q_i
 the draft was actually taken from, given the drafted prefix, so `verify.verify_block`
@@ -44,67 +46,69 @@ Array = jax.Array
 
 
 def first_pass(core, tparams, anchor: Array, anchor_pos: Array, cache, num_blocks: int, *,
-               dcfg: DrafterConfig) -> tuple[Array, Array, Array]:
-    """Pass 1 over [anchor, MASK, ..] for num_blocks blocks per row: (block tokens
-    [B, M, b] (-1 = MASK), branch states of position 1 [B, M, K, H], prior logits [B, K])."""
-    tokens = jnp.full((anchor.shape[0], num_blocks, dcfg.block_size), -1, jnp.int32)
-    tokens = tokens.at[:, :, 0].set(anchor.astype(jnp.int32)[:, None])
-    branch, prior = drafter_lm.causal_pass(core, tparams, tokens, anchor_pos, cache, 1,
-                                           drafter_config=dcfg)
-    return tokens, branch, prior[:, 0]
+               dcfg: DrafterConfig):
+    """Pass 1 (the anchor at slot 0, MASK at position 1) for num_blocks blocks per row:
+    (start = (block keys / values, branch states of position 1 [B, M, K, H]), prior
+    logits [B, K] of the anchor position)."""
+    bsz = anchor.shape[0]
+    kv = drafter_lm.init_block_cache(dcfg, bsz, num_blocks, jax.tree.leaves(cache.k)[0].dtype)
+    prev = jnp.broadcast_to(anchor.astype(jnp.int32)[:, None], (bsz, num_blocks))
+    branch, prior, kv = drafter_lm.causal_step(core, tparams, prev, kv, anchor_pos, cache, 1,
+                                               drafter_config=dcfg)
+    return (kv, branch), prior[:, 0]
 
 
-def left_to_right(core, tparams, tokens: Array, branch1: Array, anchor_pos: Array, cache,
-                  pick, xs: Array | None, *, dcfg: DrafterConfig):
-    """Draft positions 1 .. b-1 in turn. pick(branch states [B, M, K, H], x) -> (tokens
-    [B, M] target ids put at that position, per-position output); xs: per-position inputs
-    [b-1, ..] or None. Returns (the M chains [B, M, b-1], outputs stacked [b-1, ..])."""
-    b = dcfg.block_size
-    x0 = None if xs is None else xs[0]
-    tok, out1 = pick(branch1, x0)
-    tokens = tokens.at[:, :, 1].set(tok)
+def left_to_right(core, tparams, start, anchor_pos: Array, cache, pick, xs: Array | None, *,
+                  dcfg: DrafterConfig):
+    """Draft positions 1 .. b-1 in turn from `start` (first_pass). pick(branch states
+    [B, M, K, H], x) -> (tokens [B, M] target ids put at that position, per-position
+    output); xs: per-position inputs [b-1, ..] or None. Returns (the M chains [B, M, b-1],
+    outputs stacked [b-1, ..])."""
+    kv, branch1 = start
+    tok1, out1 = pick(branch1, None if xs is None else xs[0])
 
-    def step(tokens, x):
+    def step(carry, x):
+        kv, prev = carry
         i, xi = x
-        branch, _ = drafter_lm.causal_pass(core, tparams, tokens, anchor_pos, cache, i,
-                                           drafter_config=dcfg)
+        branch, _, kv = drafter_lm.causal_step(core, tparams, prev, kv, anchor_pos, cache, i,
+                                               drafter_config=dcfg)
         tok, out = pick(branch, xi)
-        return jax.lax.dynamic_update_index_in_dim(tokens, tok, i, axis=2), out
+        return (kv, tok), (tok, out)
 
-    rest = None if xs is None else xs[1:]
-    tokens, outs = jax.lax.scan(step, tokens, (jnp.arange(2, b, dtype=jnp.int32), rest))
+    slots = jnp.arange(2, dcfg.block_size, dtype=jnp.int32)
+    _, (toks, outs) = jax.lax.scan(step, (kv, tok1), (slots, None if xs is None else xs[1:]))
+    chains = jnp.moveaxis(jnp.concatenate([tok1[None], toks], axis=0), 0, 2)
     if out1 is not None:
         outs = jnp.concatenate([out1[None], outs], axis=0)
-    return tokens[:, :, 1:], outs
+    return chains, outs
 
 
-def greedy_chains(core, dv, tparams, tokens: Array, branch1: Array, anchor_pos: Array,
-                  cache, z: Array | None, *, tcfg: TargetConfig,
-                  dcfg: DrafterConfig) -> Array:
-    """Argmax chains [B, M, b-1] (target ids). M = K blocks per row (tokens [B, K, b]):
-    chain m drafts with branch m on its own prefix (mixture); M = 1: branch z (greedy-branch)."""
-    m = tokens.shape[1]
-    every_branch = z is None
+def greedy_chains(core, dv, tparams, anchor_pos: Array, cache, start, z: Array | None, *,
+                  tcfg: TargetConfig, dcfg: DrafterConfig) -> Array:
+    """Argmax chains [B, M, b-1] (target ids). z None: M = K blocks per row, chain m
+    drafts with branch m on its own prefix (mixture); else M = 1, branch z (greedy-branch)."""
 
     def pick(branch, _):  # branch [B, M, K, H]
-        if every_branch:
+        if z is None:
+            m = branch.shape[1]
             h = branch[:, jnp.arange(m), jnp.arange(m)]  # [B, K, H]
         else:
             h = jnp.take_along_axis(branch, z[:, None, None, None], axis=2)[:, :, 0]
         idx = jnp.argmax(draft_vocab.draft_logits(tparams, dv, h, tcfg), axis=-1)
         return draft_vocab.to_target_ids(dv, idx).astype(jnp.int32), None
 
-    chains, _ = left_to_right(core, tparams, tokens, branch1, anchor_pos, cache, pick, None,
-                              dcfg=dcfg)
+    chains, _ = left_to_right(core, tparams, start, anchor_pos, cache, pick, None, dcfg=dcfg)
     return chains
 
 
-def sampled_chain(core, dv, tparams, tokens: Array, branch1: Array, anchor_pos: Array,
-                  cache, z: Array, noise: Array, every_branch: bool, temperature: float, *,
+def sampled_chain(core, dv, tparams, anchor: Array, anchor_pos: Array, cache, start,
+                  z: Array, noise: Array, every_branch: bool, temperature: float, *,
                   tcfg: TargetConfig, dcfg: DrafterConfig) -> tuple[Array, Array]:
-    """One sampled prefix per row (tokens [B, 1, b]) drawn from branch z with Gumbel noise
-    [B, b-1, N]: (drafts [B, b-1] target ids, log q [B, K', b-1, N], the q each draft was
-    drawn from given the drafted prefix: every branch's (K' = K) or branch z's (K' = 1))."""
+    """One sampled prefix per row (start of one block per row) drawn from branch z with
+    Gumbel noise [B, b-1, N]: (drafts [B, b-1] target ids, log q [B, K', b-1, N], the q
+    each draft was drawn from given the drafted prefix: every branch's (K' = K) or branch
+    z's (K' = 1)). anchor [B]: the block's anchor (unused here: it is in `start`)."""
+    del anchor
 
     def pick(branch, g):  # branch [B, 1, K, H]; g [B, N]
         h = branch[:, 0] if every_branch else jnp.take_along_axis(
@@ -116,7 +120,7 @@ def sampled_chain(core, dv, tparams, tokens: Array, branch1: Array, anchor_pos: 
         tok = draft_vocab.to_target_ids(dv, jnp.argmax(chosen + g, axis=-1))
         return tok.astype(jnp.int32)[:, None], log_q
 
-    chains, log_q = left_to_right(core, tparams, tokens, branch1, anchor_pos, cache, pick,
+    chains, log_q = left_to_right(core, tparams, start, anchor_pos, cache, pick,
                                   jnp.moveaxis(noise, 1, 0), dcfg=dcfg)
     return chains[:, 0], jnp.moveaxis(log_q, 0, 2)  # [B, K', P, N]
 
@@ -134,8 +138,8 @@ def draft(core, dv, tparams, anchor: Array, anchor_pos: Array, cache, keys,
     every_branch = mode in ("mixture", "sampled-mixture")
     chains_per_row = k if every_branch and not sample_drafts else 1
     anchor_pos = anchor_pos.astype(jnp.int32)
-    tokens, branch1, prior = first_pass(core, tparams, anchor, anchor_pos, cache,
-                                        chains_per_row, dcfg=dcfg)
+    start, prior = first_pass(core, tparams, anchor, anchor_pos, cache, chains_per_row,
+                              dcfg=dcfg)
     draw_logp = jax.nn.log_softmax(prior.astype(jnp.float32) / sampling.category_temperature,
                                    axis=-1)  # [B, K]: pi', the law z is drawn from
     z = jax.random.categorical(k_cat, draw_logp, axis=-1)
@@ -143,16 +147,15 @@ def draft(core, dv, tparams, anchor: Array, anchor_pos: Array, cache, keys,
         n = vocab if dv is None else dv["ids"].shape[0]
         noise = jax.random.gumbel(k_draft, (anchor.shape[0], dcfg.block_size - 1, n),
                                   jnp.float32)
-        drafts, log_q = sampled_chain(core, dv, tparams, tokens, branch1, anchor_pos, cache,
-                                      z, noise, every_branch, sampling.draft_temperature,
+        drafts, log_q = sampled_chain(core, dv, tparams, anchor, anchor_pos, cache, start, z,
+                                      noise, every_branch, sampling.draft_temperature,
                                       tcfg=tcfg, dcfg=dcfg)
         probs = draft_vocab.to_target_probs(dv, jnp.exp(log_q), vocab)  # [B, K', P, V]
         if not every_branch:
             return drafts, probs[:, 0]
         return drafts, verify.mixture_proposal(None, probs, drafts, jnp.exp(draw_logp), vocab)
-    chains = greedy_chains(core, dv, tparams, tokens, branch1, anchor_pos, cache,
-                           None if every_branch else z,
-                           tcfg=tcfg, dcfg=dcfg)
+    chains = greedy_chains(core, dv, tparams, anchor_pos, cache, start,
+                           None if every_branch else z, tcfg=tcfg, dcfg=dcfg)
     if every_branch:
         drafts = jnp.take_along_axis(chains, z[:, None, None], axis=1)[:, 0]
         return drafts, verify.mixture_proposal(chains, None, drafts, jnp.exp(draw_logp),

@@ -73,11 +73,11 @@ def test_the_test_has_power_when_verified_against_the_q_without_the_drafted_pref
     seqs, probs = exact_distribution(tc, tp, sampling)
     real = BC.sampled_chain
 
-    def prefix_blind_proposal(core, dv, tparams, tokens, branch1, anchor_pos, cache, z,
+    def prefix_blind_proposal(core, dv, tparams, anchor, anchor_pos, cache, start, z,
                               noise, every_branch, temperature, *, tcfg, dcfg):
-        drafts, _ = real(core, dv, tparams, tokens, branch1, anchor_pos, cache, z, noise,
+        drafts, _ = real(core, dv, tparams, anchor, anchor_pos, cache, start, z, noise,
                          every_branch, temperature, tcfg=tcfg, dcfg=dcfg)
-        hidden, _ = D.draft_hidden(core, tparams, tokens[:, 0, 0], anchor_pos, cache,
+        hidden, _ = D.draft_hidden(core, tparams, anchor, anchor_pos, cache,
                                    drafter_config=dcfg, target_config=tcfg)
         h = D.select_branch(hidden, z)[:, None]  # [B, 1, b-1, H]
         return drafts, jax.nn.log_softmax(D.branch_logits(tparams, h, tcfg) / temperature,
@@ -109,7 +109,8 @@ def test_training_pass_is_the_teacher_forced_drafting_pass(tiny):
     """train_hidden on [prompt, anchor, d_1 .. d_{b-1}] (one parallel pass, data tokens in
     the block) gives the states of the b - 1 drafting passes: the argmax chain every branch
     drafts left to right is the training pass's argmax, and its states and prior match the
-    drafting passes' to float rounding. A deeper, longer block than the fixture's (2
+    drafting passes' to float rounding, both the sampler's incremental steps and whole-block
+    passes (`causal_pass`, the definition). A deeper, longer block than the fixture's (2
     layers, b = 5) so that later positions see several drafted tokens through two layers."""
     tc, tp, _, _ = tiny
     dc = DrafterConfig.for_target(tc, num_layers=2, block_size=5, num_categories=2,
@@ -120,30 +121,36 @@ def test_training_pass_is_the_teacher_forced_drafting_pass(tiny):
     prompt = PROMPT + [3, 0]
     seq = jnp.asarray([prompt + [2]], jnp.int32)  # the anchor 2 at position len(prompt)
     anchor_pos = jnp.asarray([len(prompt)])
-    k = dc.num_categories
+    k, b = dc.num_categories, dc.block_size
 
     @jax.jit
     def sampler_chains(dp, tp):
         _, taps = T.forward(tp, seq, config=tc, tap_layers=dc.target_layer_ids)
         cache = D.append_context(dp, taps[:, :-1], jnp.zeros((1,), jnp.int32),
                                  D.init_draft_cache(dc, 1, 16), drafter_config=dc)
-        tokens, branch1, prior = BC.first_pass(dp, tp, seq[:, -1], anchor_pos, cache, k,
-                                               dcfg=dc)
-        chains = BC.greedy_chains(dp, None, tp, tokens, branch1, anchor_pos, cache, None,
+        start, prior = BC.first_pass(dp, tp, seq[:, -1], anchor_pos, cache, k, dcfg=dc)
+        chains = BC.greedy_chains(dp, None, tp, anchor_pos, cache, start, None,
                                   tcfg=tc, dcfg=dc)  # [1, K, b-1]: branch m's own chain
-        # every position's state, recomputed pass by pass on branch 0's chain
-        states = [D.causal_pass(dp, tp, jnp.concatenate(
-            [seq[:, -1:], chains[:, 0, :i - 1], jnp.full((1, dc.block_size - i), -1)],
-            axis=1)[:, None].astype(jnp.int32), anchor_pos, cache, i, drafter_config=dc)[0]
-            for i in range(1, dc.block_size)]
+        # the incremental steps' states on branch 0's chain, and whole-block passes'
+        kv = jax.tree.map(lambda a: a[:, :1], start[0])  # block 0: branch 0's chain
+        steps, blocks = [start[1][:, :1]], []
+        for i in range(1, b):
+            if i > 1:  # slot i - 1 holds d_{i-1}
+                state, _, kv = D.causal_step(dp, tp, chains[:, :1, i - 2], kv, anchor_pos,
+                                             cache, i, drafter_config=dc)
+                steps.append(state)
+            block = jnp.concatenate([seq[:, -1:], chains[:, 0, :i - 1],
+                                     jnp.full((1, b - i), -1, jnp.int32)], axis=1)
+            blocks.append(D.causal_pass(dp, tp, block[:, None], anchor_pos, cache, i,
+                                        drafter_config=dc)[0])
         # one causal pass over [anchor, MASK, ..]: what every position drafts blind
         blind, _ = D.draft_hidden(dp, tp, seq[:, -1], anchor_pos, cache, drafter_config=dc,
                                   target_config=tc)
-        return (chains, jnp.stack(states, axis=3)[:, 0], prior,  # [1, K, b-1, H]
-                jnp.argmax(D.branch_logits(tp, blind, tc), -1))
+        return (chains, jnp.stack(steps, axis=3)[0, 0], jnp.stack(blocks, axis=3)[0, 0],
+                prior, jnp.argmax(D.branch_logits(tp, blind, tc), -1))
 
-    chains, states, prior, parallel = sampler_chains(dp, tp)
-    assert not np.array_equal(np.asarray(chains), np.asarray(parallel))  # the prefix matters
+    chains, steps, blocks, prior, blind = sampler_chains(dp, tp)
+    assert not np.array_equal(np.asarray(chains), np.asarray(blind))  # the prefix matters
     full = jnp.concatenate([jnp.tile(seq, (k, 1)), chains[0]], axis=1)
 
     @jax.jit
@@ -156,7 +163,8 @@ def test_training_pass_is_the_teacher_forced_drafting_pass(tiny):
 
     argmax, h0, prior_train = training(dp, tp, full)
     np.testing.assert_array_equal(np.asarray(argmax), np.asarray(chains[0]))
-    np.testing.assert_allclose(np.asarray(h0), np.asarray(states[0]), atol=2e-5)
+    for states in (steps, blocks):  # [K, b-1, H]
+        np.testing.assert_allclose(np.asarray(h0), np.asarray(states), atol=2e-5)
     np.testing.assert_allclose(np.asarray(prior_train), np.asarray(prior[0]), atol=2e-5)
 
 

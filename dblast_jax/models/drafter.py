@@ -34,10 +34,12 @@ correction serially, left to right, from the tokens it drafts.
 Causal block (`block_attention = "causal"`; dblast_jax/block_causal.py drafts with it):
 block position i attends to the context and to block positions <= i only (its own input
 is MASK while it is drafted, so it conditions on the anchor and the tokens before it).
-Drafting is left to right, `causal_pass` once per position over [anchor, d_1 .. d_{i-1},
-MASK ..]; `train_hidden` computes every such pass at once, teacher-forced, with two
-streams in one block (`teacher_forced_layout`). `draft_hidden` runs one causal pass over
-[anchor, MASK ..] (position 1's state is the first drafting pass's).
+Drafting is left to right, one pass per position over [anchor, d_1 .. d_{i-1}, MASK ..]
+(`causal_pass` reruns the block, `causal_step` computes only the two positions that
+change, keeping the drafted positions' keys / values); `train_hidden` computes every
+such pass at once, teacher-forced, with two streams in one block
+(`teacher_forced_layout`). `draft_hidden` runs one causal pass over [anchor, MASK ..]
+(position 1's state is the first drafting pass's).
 
 Parameters are a plain nested dict (see `PARAM_LAYOUT`), separate from the target's.
 All public functions are jittable with the configs (keyword arguments) static.
@@ -579,7 +581,8 @@ def draft_hidden(dparams: Params, tparams: Params, anchor_tokens: Array,
 def causal_pass(dparams: Params, tparams: Params, block_tokens: Array,
                 anchor_positions: Array, cache: KVCache, slot, *,
                 drafter_config: DrafterConfig) -> tuple[Array, Array]:
-    """One left-to-right drafting pass of a causal block (dblast_jax/block_causal.py).
+    """One left-to-right drafting pass of a causal block, the whole block recomputed: the
+    definition (the sampler's `causal_step` computes the same incrementally).
 
     block_tokens [B, M, b] int: M blocks per row, all anchored at anchor_positions [B]
     (slot 0 the anchor, slots 1 .. slot-1 the tokens drafted so far, -1 = MASK at `slot`
@@ -598,6 +601,63 @@ def causal_pass(dparams: Params, tparams: Params, block_tokens: Array,
     u_slot = jax.lax.dynamic_index_in_dim(u, slot, axis=2, keepdims=True)
     branch, prior = _heads(model, drafter_config, jnp.concatenate([u[:, :, :1], u_slot], 2))
     return branch[:, :, :, 0], prior
+
+
+def init_block_cache(drafter_config: DrafterConfig, batch: int, num_blocks: int,
+                     dtype=jnp.float32) -> tuple[tuple[Array, ...], tuple[Array, ...]]:
+    """Empty per-layer keys / values [B, M, b, Nkv, D] of a causal block's drafted slots
+    (`causal_step`)."""
+    c = drafter_config
+    shape = (batch, num_blocks, c.block_size, c.num_kv_heads, c.head_dim)
+    return (tuple(jnp.zeros(shape, dtype) for _ in range(c.num_layers)),
+            tuple(jnp.zeros(shape, dtype) for _ in range(c.num_layers)))
+
+
+def causal_step(dparams: Params, tparams: Params, prev_tokens: Array, block_kv,
+                anchor_positions: Array, cache: KVCache, slot, *,
+                drafter_config: DrafterConfig):
+    """`causal_pass` for position `slot` (1 .. b-1, may be traced), incrementally: only
+    two slots are computed, slot - 1 holding prev_tokens [B, M] (the anchor for slot 1,
+    else the token drafted there) and `slot` holding MASK. Slot - 1's keys / values are
+    written into block_kv (`init_block_cache`; slots 0 .. slot-2 written by the earlier
+    steps), and both slots attend to the context, to block_kv's slots <= slot - 1 and
+    (slot `slot`) to themselves: the same mask as the whole block's, without recomputing
+    the slots before. Returns (branch states of `slot` [B, M, K, H], prior logits
+    [B, M, K] of slot - 1's state (the anchor's at slot 1), the updated block_kv)."""
+    model = _module(dparams, drafter_config)
+    n, m = prev_tokens.shape
+    j = drafter_config.block_size
+    dtype = _dtype_of(dparams)
+    tokens = jnp.stack([prev_tokens.astype(jnp.int32), jnp.full((n, m), -1, jnp.int32)], 2)
+    x = _token_block_embeddings(model, drafter_config, tparams, tokens, dtype)  # [B, M, 2, H]
+    h = x.shape[-1]
+    anchors = jnp.broadcast_to(anchor_positions.astype(jnp.int32)[:, None], (n, m))
+    slot = jnp.asarray(slot, jnp.int32)
+    pos = (anchors[:, :, None] + slot - 1 + jnp.arange(2, dtype=jnp.int32)).reshape(n, 2 * m)
+    ctx_visible = jnp.broadcast_to(jnp.arange(cache.size, dtype=jnp.int32)[None, None, :]
+                                   < anchors[:, :, None], (n, m, cache.size))
+    written = jnp.arange(j, dtype=jnp.int32) <= slot - 1  # [b]
+    blk_visible = jnp.stack([jnp.append(written, False), jnp.append(written, True)])
+    inv_freq = _inv_freq(drafter_config)
+    xf = x.reshape(n, 2 * m, h)
+    ks, vs = [], []
+    for layer, k_ctx, v_ctx, kb, vb in zip(model.layers, cache.k, cache.v, *block_kv):
+        hn = layer.input_norm(xf)
+        q = layer.attn.queries(hn, pos, inv_freq)
+        k, v = layer.attn.keys_values(hn, pos, inv_freq)
+        q, k, v = (a.reshape(n, m, 2, *a.shape[2:]) for a in (q, k, v))
+        kb = jax.lax.dynamic_update_index_in_dim(kb, k[:, :, 0].astype(kb.dtype), slot - 1, 2)
+        vb = jax.lax.dynamic_update_index_in_dim(vb, v[:, :, 0].astype(vb.dtype), slot - 1, 2)
+        ks.append(kb)
+        vs.append(vb)
+        out = _block_attend(q, k_ctx, v_ctx, ctx_visible,
+                            jnp.concatenate([kb, k[:, :, 1:].astype(kb.dtype)], axis=2),
+                            jnp.concatenate([vb, v[:, :, 1:].astype(vb.dtype)], axis=2),
+                            blk_visible)
+        xf = layer.finish(xf, out.reshape(n, 2 * m, -1))
+    u = model.final_norm(xf).reshape(n, m, 2, h)
+    branch, prior = _heads(model, drafter_config, u)
+    return branch[:, :, :, 0], prior, (tuple(ks), tuple(vs))
 
 
 def train_hidden(dparams: Params, tparams: Params, taps: Array, tokens: Array,
