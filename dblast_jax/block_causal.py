@@ -156,9 +156,4 @@ def draft(core, dv, tparams, anchor: Array, anchor_pos: Array, cache, keys,
         return drafts, verify.mixture_proposal(None, probs, drafts, jnp.exp(draw_logp), vocab)
     chains = greedy_chains(core, dv, tparams, anchor_pos, cache, start,
                            None if every_branch else z, tcfg=tcfg, dcfg=dcfg)
-    if every_branch:
-        drafts = jnp.take_along_axis(chains, z[:, None, None], axis=1)[:, 0]
-        return drafts, verify.mixture_proposal(chains, None, drafts, jnp.exp(draw_logp),
-                                               vocab)
-    drafts = chains[:, 0]
-    return drafts, verify.one_hot_proposal(drafts, vocab)
+    return verify.greedy_chain_proposal(chains, z, jnp.exp(draw_logp), vocab, every_branch)

@@ -119,9 +119,4 @@ def draft(core, dv, tparams, hidden: Array, draw_logp: Array, z: Array, anchor: 
             return drafts, probs[:, 0]
         return drafts, verify.mixture_proposal(None, probs, drafts, jnp.exp(draw_logp), vocab)
     chains, _ = serial_scan(base, ctx, basis, anchor, prev_features, to_ids)  # [B, M, P]
-    if every_branch:
-        drafts = jnp.take_along_axis(chains, z[:, None, None], axis=1)[:, 0]
-        return drafts, verify.mixture_proposal(chains, None, drafts, jnp.exp(draw_logp),
-                                               vocab)
-    drafts = chains[:, 0]
-    return drafts, verify.one_hot_proposal(drafts, vocab)
+    return verify.greedy_chain_proposal(chains, z, jnp.exp(draw_logp), vocab, every_branch)

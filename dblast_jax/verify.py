@@ -122,6 +122,18 @@ def one_hot_proposal(drafts: Array, vocab_size: int) -> Array:
     return jax.nn.one_hot(drafts, vocab_size, dtype=jnp.float32)
 
 
+def greedy_chain_proposal(chains: Array, z: Array, draw_probs: Array, vocab_size: int,
+                          every_branch: bool) -> tuple[Array, Array]:
+    """Drafts and proposal from argmax chains drafted left to right (serial drafters):
+    chains [B, K, n] every branch's chain (mixture: Q is the posterior-weighted one-hot)
+    or [B, 1, n] the drawn branch z's (greedy-branch: Q = one-hot of the drafts)."""
+    if every_branch:
+        drafts = jnp.take_along_axis(chains, z[:, None, None], axis=1)[:, 0]
+        return drafts, mixture_proposal(chains, None, drafts, draw_probs, vocab_size)
+    drafts = chains[:, 0]
+    return drafts, one_hot_proposal(drafts, vocab_size)
+
+
 def mixture_proposal(branch_tokens: Array, branch_probs: Array | None, drafts: Array,
                      draw_probs: Array, vocab_size: int) -> Array:
     """Exact conditional of the latent mixture: Q_i = sum_z post(z | d_<i) q_i(. | z).

@@ -17,7 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import chi_square_pvalue  # tests/ is on sys.path (pytest "prepend" mode)
-from test_speculative import (NEW, P_VALUE, PROMPT, exact_distribution, sample_sequences,
+from test_speculative import (NEW, P_VALUE, PROMPT, assert_greedy_equals_plain,
+                              exact_distribution, sample_patched, sample_sequences,
                               tiny)  # noqa: F401 (tiny is a fixture)
 
 from dblast_jax import block_causal as BC
@@ -26,8 +27,6 @@ from dblast_jax.config import DrafterConfig, DrafterSpec, SamplingConfig, Target
 from dblast_jax.io import dflash
 from dblast_jax.models import drafter as D
 from dblast_jax.models import target as T
-from dblast_jax.sampler import (generate_tokens, pad_prompts, spec_cache_size,
-                                speculative_generate_tokens)
 
 
 # half test_speculative's SAMPLES: the power check below still fails at p ~ 1e-200 (1e-36
@@ -83,26 +82,14 @@ def test_the_test_has_power_when_verified_against_the_q_without_the_drafted_pref
         return drafts, jax.nn.log_softmax(D.branch_logits(tparams, h, tcfg) / temperature,
                                           axis=-1)
 
-    monkeypatch.setattr(BC, "sampled_chain", prefix_blind_proposal)
-    jax.clear_caches()
-    try:
-        samples, _, _ = sample_sequences(tc, tp, dc, dp, sampling, n=SAMPLES, seed=1)
-    finally:
-        monkeypatch.undo()
-        jax.clear_caches()
+    samples, _, _ = sample_patched(monkeypatch, BC, "sampled_chain", prefix_blind_proposal,
+                                   tc, tp, dc, dp, sampling, n=SAMPLES, seed=1)
     assert chi_square_pvalue(samples, seqs, probs) < P_VALUE
 
 
 def test_temperature_zero_equals_plain_greedy(causal):
     tc, tp, dc, dp = causal
-    tokens, lengths = pad_prompts([[1, 4], [2, 5, 3], [0]])
-    greedy = SamplingConfig(temperature=0.0, max_new_tokens=NEW)
-    plain, _ = generate_tokens(tp, tokens, lengths, jax.random.key(0), config=tc,
-                               sampling=greedy, cache_size=16)
-    spec = speculative_generate_tokens(
-        tp, dp, tokens, lengths, jax.random.key(0), target_config=tc, drafter_config=dc,
-        sampling=greedy, cache_size=spec_cache_size(tokens.shape[1], greedy, dc.block_size))
-    np.testing.assert_array_equal(np.asarray(spec[0]), np.asarray(plain))
+    assert_greedy_equals_plain(tc, tp, dc, dp)
 
 
 def test_training_pass_is_the_teacher_forced_drafting_pass(tiny):

@@ -9,19 +9,18 @@ the full-vocabulary q instead of the q they were drawn from must fail the same t
 
 import json
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import chi_square_pvalue  # tests/ is on sys.path (pytest "prepend" mode)
-from test_speculative import (NEW, P_VALUE, exact_distribution, sample_sequences,
+from test_speculative import (NEW, P_VALUE, assert_greedy_equals_plain, exact_distribution,
+                              sample_patched, sample_sequences,
                               tiny)  # noqa: F401 (tiny is a fixture)
 
 from dblast_jax import draft_vocab as DV
 from dblast_jax import generation as G
 from dblast_jax.config import SamplingConfig
 from dblast_jax.io.dflash import read_draft_vocab
-from dblast_jax.sampler import generate_tokens, pad_prompts, spec_cache_size
 
 DRAFT_IDS = np.array([3, 1, 0])  # most frequent first; tokens 2, 4, 5 are never drafted
 
@@ -59,34 +58,14 @@ def test_the_test_has_power_when_verified_against_the_full_head(tiny, monkeypatc
         scattered = jnp.zeros(q.shape[:-1] + (vocab_size,), q.dtype).at[..., ids].set(q)
         return 0.5 * scattered + 0.5 / vocab_size
 
-    monkeypatch.setattr(DV, "to_target_probs", full_head_q)
-    jax.clear_caches()
-    try:
-        samples, _, _ = sample_sequences(tc, tp, dc, DV.attach(dp, tp, DRAFT_IDS, tc),
-                                         sampling, seed=1)
-    finally:
-        monkeypatch.undo()
-        jax.clear_caches()
+    samples, _, _ = sample_patched(monkeypatch, DV, "to_target_probs", full_head_q, tc, tp, dc,
+                                   DV.attach(dp, tp, DRAFT_IDS, tc), sampling, seed=1)
     assert chi_square_pvalue(samples, seqs, probs) < P_VALUE
 
 
 def test_temperature_zero_equals_plain_greedy(tiny):
     tc, tp, dc, dp = tiny
-    sampling = SamplingConfig(temperature=0.0, max_new_tokens=NEW)
-    tokens, lengths = pad_prompts([[1, 4], [2, 5, 3], [0]])
-    plain, _ = generate_tokens(tp, tokens, lengths, jax.random.key(0), config=tc,
-                               sampling=sampling, cache_size=16)
-    spec, _, accepted, _ = sample_spec(tc, tp, dc, DV.attach(dp, tp, DRAFT_IDS[:2], tc),
-                                       tokens, lengths, sampling)
-    np.testing.assert_array_equal(np.asarray(spec), np.asarray(plain))
-
-
-def sample_spec(tc, tp, dc, dp, tokens, lengths, sampling):
-    from dblast_jax.sampler import speculative_generate_tokens
-    return speculative_generate_tokens(
-        tp, dp, tokens, lengths, jax.random.key(0), target_config=tc, drafter_config=dc,
-        sampling=sampling, cache_size=spec_cache_size(tokens.shape[1], sampling,
-                                                      dc.block_size))
+    assert_greedy_equals_plain(tc, tp, dc, DV.attach(dp, tp, DRAFT_IDS[:2], tc))
 
 
 def test_ranking_mapping_and_bad_inputs(tiny):

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from conftest import chi_square_pvalue  # tests/ is on sys.path (pytest "prepend" mode)
 from test_speculative import (NEW, P_VALUE, _broken_verify_block, exact_distribution,
+                              sample_patched,
                               sample_sequences, tiny)  # noqa: F401 (tiny is a fixture)
 
 from dblast_jax import generation as G
@@ -90,13 +91,8 @@ def test_the_ngram_test_has_power_on_a_broken_verifier(tiny, monkeypatch):
     config = _drafter_for("ngram", dc, dc.block_size)
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=NEW)
     seqs, probs = exact_distribution(tc, tp, sampling)
-    monkeypatch.setattr(verify, "verify_block", _broken_verify_block)
-    jax.clear_caches()
-    try:
-        samples, _, _ = sample_sequences(tc, tp, config, {}, sampling, seed=1)
-    finally:
-        monkeypatch.undo()
-        jax.clear_caches()
+    samples, _, _ = sample_patched(monkeypatch, verify, "verify_block", _broken_verify_block,
+                                   tc, tp, config, {}, sampling, seed=1)
     assert chi_square_pvalue(samples, seqs, probs) < P_VALUE
 
 

@@ -69,6 +69,30 @@ def sample_sequences(tc, tp, dc, dp, sampling, n=SAMPLES, seed=0):
     return out, np.asarray(accepted), np.asarray(expected)
 
 
+def sample_patched(monkeypatch, owner, name, replacement, *args, **kwargs):
+    """sample_sequences(*args, **kwargs) with owner.name replaced by `replacement`
+    (compiled afresh, and the compile caches cleared again after): the power checks."""
+    monkeypatch.setattr(owner, name, replacement)
+    jax.clear_caches()
+    try:
+        return sample_sequences(*args, **kwargs)
+    finally:
+        monkeypatch.undo()
+        jax.clear_caches()
+
+
+def assert_greedy_equals_plain(tc, tp, dc, dp):
+    """At T = 0 speculative decoding with (dc, dp) emits plain greedy decoding's tokens."""
+    tokens, lengths = pad_prompts([[1, 4], [2, 5, 3], [0]])
+    greedy = SamplingConfig(temperature=0.0, max_new_tokens=NEW)
+    plain, _ = generate_tokens(tp, tokens, lengths, jax.random.key(0), config=tc,
+                               sampling=greedy, cache_size=16)
+    spec = speculative_generate_tokens(
+        tp, dp, tokens, lengths, jax.random.key(0), target_config=tc, drafter_config=dc,
+        sampling=greedy, cache_size=spec_cache_size(tokens.shape[1], greedy, dc.block_size))
+    np.testing.assert_array_equal(np.asarray(spec[0]), np.asarray(plain))
+
+
 MODES = ("greedy-branch", "sampled-branch", "mixture", "sampled-mixture")
 CASES = [(mode, temp, 0, 1.0) for mode in MODES for temp in (0.7, 1.0, 1.5)]
 CASES += [(mode, 1.0, 3, 0.9) for mode in MODES]
@@ -103,13 +127,8 @@ def test_the_test_has_power_on_a_broken_verifier(tiny, monkeypatch):
     tc, tp, dc, dp = tiny
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=NEW, verify_mode="greedy-branch")
     seqs, probs = exact_distribution(tc, tp, sampling)
-    monkeypatch.setattr(verify, "verify_block", _broken_verify_block)
-    jax.clear_caches()
-    try:
-        samples, _, _ = sample_sequences(tc, tp, dc, dp, sampling, seed=1)
-    finally:
-        monkeypatch.undo()
-        jax.clear_caches()
+    samples, _, _ = sample_patched(monkeypatch, verify, "verify_block", _broken_verify_block,
+                                   tc, tp, dc, dp, sampling, seed=1)
     assert chi_square_pvalue(samples, seqs, probs) < P_VALUE
 
 
