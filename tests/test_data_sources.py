@@ -131,4 +131,9 @@ def test_cli_fetch_command(paths, capsys):
     assert "gsm8k" in out and "1319 prompts" in out
     assert "2 overlapping prompt(s) dropped: alpaca-eval/alpaca-eval-791" in out
     args = parser.parse_args(["data", "fetch", "nope"])
-    assert args.func(args) == 2
+    from dblast_jax import cli
+    from dblast_jax.errors import UnknownNameError
+    with pytest.raises(UnknownNameError, match="unknown prompt sets"):
+        args.func(args)  # raised to the one error path, which `dblast` turns into one line
+    assert cli.main(["data", "fetch", "nope"]) == 2
+    assert "dblast data fetch: error: unknown prompt sets ['nope']" in capsys.readouterr().err
