@@ -51,6 +51,11 @@ def test_curve_in_segments_resumes_and_plots(tmp_path):
     assert "already recorded" in done.stdout
     assert (keep / "drafter" / "config.json").is_file()  # the next leg's starting point
     assert (keep / "curve_leg1.jsonl").read_text() == (wd / "budget_curve.jsonl").read_text()
+    # the learning curve is drawn with the leg and redrawn on demand
+    (keep / "learning_curve.png").unlink()
+    plot = subprocess.run([sys.executable, FINISH_LEG, f"--keep={keep}", "--plot_only"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert plot.returncode == 0 and (keep / "learning_curve.png").stat().st_size > 1000
     cpu = [r["cpu_s"] for r in rows]
     assert cpu[0] == 0 and all(b > a for a, b in zip(cpu, cpu[1:]))
     assert all(0 <= r["al_estimate"] <= 7 and "distill_kl" in r for r in rows[1:])

@@ -1,8 +1,12 @@
 """Record a finished leg of a flagship run (experiments/flagship/train_k1.sh) in the
 committed folder KEEP: its drafter exported to KEEP/drafter (bfloat16, the next leg's
 starting point), its held-out points copied to KEEP/curve_legN.jsonl, and one row in
-KEEP/legs.jsonl, written last (a kill before it repeats the whole step on the next call).
+KEEP/legs.jsonl, written last (a kill before it repeats the whole step on the next call),
+then the run's learning curve redrawn (KEEP/learning_curve.png: held-out acceptance
+against cumulative training CPU-hours, log x, every leg's raw points).
 A leg whose schedule has not finished is left alone (exit 1).
+
+    python experiments/flagship/finish_leg.py --keep=experiments/flagship/k1 --plot_only
 
     python experiments/flagship/finish_leg.py --leg_dir=runs/flagship/k1_leg1 \\
         --keep=experiments/flagship/k1 --leg=1
@@ -21,15 +25,55 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "budget"))
 from budget_curve import read_curve  # noqa: E402  (the one reader of curve files)
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("leg_dir", None, "the leg's training workdir", required=True)
+flags.DEFINE_string("leg_dir", None, "the leg's training workdir")
 flags.DEFINE_string("keep", None, "the committed folder of the run", required=True)
-flags.DEFINE_integer("leg", None, "the leg's number (1, 2, ...)", required=True)
+flags.DEFINE_integer("leg", None, "the leg's number (1, 2, ...)")
+flags.DEFINE_float("prior_cpu_s", 2100.0, "training CPU-s spent on the first leg's "
+                   "starting drafter before the run (the shipped K = 1: ~2,100 in two "
+                   "1,000-step stages); the x offset of the curve, so that log x holds leg 1")
+flags.DEFINE_bool("plot_only", False, "only redraw KEEP/learning_curve.png")
+
+
+def plot_learning_curve(keep: str, prior_cpu_s: float) -> str:
+    """Held-out AL (T_v = 1.0) of every recorded leg against cumulative training
+    CPU-hours on a log axis: where more compute still pays, and by how much."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    legs = read_curve(os.path.join(keep, "legs.jsonl"))
+    if not legs:
+        raise ValueError(f"{keep}/legs.jsonl holds no finished leg to plot")
+    fig, ax = plt.subplots(figsize=(7, 4))
+    offset = prior_cpu_s
+    for leg in legs:
+        rows = read_curve(os.path.join(keep, f"curve_leg{leg['leg']}.jsonl"))
+        x = [(offset + r["cpu_s"]) / 3600 for r in rows]
+        ax.plot(x, [r["al_estimate"] for r in rows], marker="o",
+                label=f"leg {leg['leg']} ({leg['steps']:,} steps)")
+        offset += leg["training_cpu_s"]
+    ax.set_xscale("log")
+    ax.set_xlabel("cumulative training CPU-hours (log; includes the starting drafter's)")
+    ax.set_ylabel("held-out expected accepted drafts / block\n(T_v = 1.0, b = 8)")
+    ax.set_title("K = 1 flagship: the learning curve (goal 0.9)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend()
+    fig.tight_layout()
+    out = os.path.join(keep, "learning_curve.png")
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
 
 
 def main(argv) -> int:
     from dblast_jax.io.atomic import atomic_write_text
     from dblast_jax.train.restore import export_workdir
 
+    if FLAGS.plot_only:
+        print(f"wrote {plot_learning_curve(FLAGS.keep, FLAGS.prior_cpu_s)}")
+        return 0
+    if FLAGS.leg_dir is None or FLAGS.leg is None:
+        raise app.UsageError("--leg_dir and --leg are required (or --plot_only)")
     legs_path = os.path.join(FLAGS.keep, "legs.jsonl")
     legs = read_curve(legs_path)
     if any(row["leg"] == FLAGS.leg for row in legs):
@@ -56,6 +100,7 @@ def main(argv) -> int:
     atomic_write_text(legs_path, "".join(json.dumps(r) + "\n" for r in legs + [record]))
     print(f"leg {FLAGS.leg}: held-out AL {record['start'].get('al_estimate'):.4f} -> "
           f"{record['end'].get('al_estimate'):.4f}; recorded in {legs_path}")
+    print(f"wrote {plot_learning_curve(FLAGS.keep, FLAGS.prior_cpu_s)}")
     return 0
 
 
