@@ -178,3 +178,33 @@ def test_bad_ngram_specs_say_what_is_wrong(spec, message):
     with pytest.raises(ValueError) as err:
         G.named_drafters([spec], target)
     assert message in str(err.value)
+
+
+def test_speed_ceiling_replay_reproduces_the_loop_at_temperature_zero(tiny_qwen3):
+    """experiments/smollm2/ngram_speed_ceiling.py predicts prompt lookup's speed by
+    replaying the drafter on greedy text instead of running the target: at T = 0 (batch 1)
+    its steps must be the loop's own, step for step."""
+    import importlib.util
+    import os
+    path = os.path.join(os.path.dirname(__file__), "..", "experiments", "smollm2",
+                        "ngram_speed_ceiling.py")
+    spec = importlib.util.spec_from_file_location("ngram_speed_ceiling", path)
+    ceiling = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ceiling)
+    tc, tp, _, _ = tiny_qwen3
+    prompt = [3, 4, 5, 3, 4, 5, 3, 9, 3, 4]
+    tokens, lengths = pad_prompts([prompt])
+    sampling = SamplingConfig(temperature=0.0, max_new_tokens=30)
+    config = NgramConfig(block_size=ceiling.MAX_K + 1, max_n=4, min_n=2)
+    cache = spec_cache_size(tokens.shape[1], sampling, config.block_size)
+    out, n, accepted, _ = speculative_generate_tokens(
+        tp, {}, tokens, lengths, jax.random.key(0), target_config=tc, drafter_config=config,
+        sampling=sampling, cache_size=cache)
+    text = np.asarray(prompt + list(np.asarray(out[0, :int(n[0])])), np.int32)
+    steps = ceiling.replay([(text, len(prompt))], 2, 4, lambda m: ceiling.MAX_K, 30)
+    loop = [int(a) for a in np.asarray(accepted[0]) if a >= 0]
+    # the loop's first step verifies the prefill's token as its anchor, as the replay does;
+    # the loop's last step may be cut by max_new_tokens, the replay's by the text's end
+    assert [a for _, _, a in steps][:-1] == loop[:len(steps) - 1]
+    assert len(steps) == len(loop)
+    assert any(k == 0 for _, k, _ in steps) and any(a > 0 for _, _, a in steps)
