@@ -132,8 +132,12 @@ def torch_target_from_gguf(path: Path):
 def float32_dflash_copy(src: Path, dst: Path, mask_token_id: int) -> Path:
     """A K = 1 export -> a plain float32 DFlash token-mask checkpoint at `dst`. A token-mask
     export keeps its mask token; a learned-mask one is relabelled to `mask_token_id` (its
-    `dblast.mask_embedding` dropped, no `dblast_config`)."""
+    `dblast.mask_embedding` dropped, no `dblast_config`). The token ranking
+    (`token_counts.npy`) comes along, so that the copy can draft over a vocabulary."""
+    import shutil
+
     import torch
+    from dblast_jax import draft_vocab
     from safetensors.torch import load_file, save_file
 
     cfg = json.loads((src / "config.json").read_text())
@@ -157,6 +161,8 @@ def float32_dflash_copy(src: Path, dst: Path, mask_token_id: int) -> Path:
     dst.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
     (dst / "config.json").write_text(json.dumps(cfg, indent=2))
+    if (src / draft_vocab.COUNTS_FILE).is_file():
+        shutil.copyfile(src / draft_vocab.COUNTS_FILE, dst / draft_vocab.COUNTS_FILE)
     return dst
 
 

@@ -12,6 +12,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytestmark = [pytest.mark.torch,  # dflash passes past_key_values= to the target
@@ -86,7 +87,10 @@ def test_float32_copy_keeps_a_token_mask_and_relabels_a_learned_one(tmp_path):
         dc = DrafterConfig.for_target(tc, num_layers=1, block_size=4, mask_token_id=mask)
         src = dflash.export_drafter(D.init_drafter_params(dc, tc, jax.random.key(0)), dc,
                                     str(tmp_path / name), dtype="bfloat16")
+        if mask is not None:  # a ranking beside the weights travels with the copy
+            np.save(Path(src) / "token_counts.npy", np.arange(tc.vocab_size, dtype=np.int64))
         out = _bench().float32_dflash_copy(Path(src), tmp_path / f"{name}_f32", 16)
+        assert (out / "token_counts.npy").is_file() == (mask is not None)
         cfg = json.loads((out / "config.json").read_text())
         assert cfg["dflash_config"]["mask_token_id"] == (5 if mask is not None else 16)
         assert "dblast_config" not in cfg and cfg["dtype"] == "float32"
