@@ -70,7 +70,11 @@ def main(argv) -> int:
     from dblast_jax.train.restore import export_workdir
 
     if FLAGS.plot_only:
-        print(f"wrote {plot_learning_curve(FLAGS.keep, FLAGS.prior_cpu_s)}")
+        try:
+            print(f"wrote {plot_learning_curve(FLAGS.keep, FLAGS.prior_cpu_s)}")
+        except ValueError as e:  # nothing recorded yet: one line, nothing written
+            print(f"finish_leg: {e}", file=sys.stderr)
+            return 1
         return 0
     if FLAGS.leg_dir is None or FLAGS.leg is None:
         raise app.UsageError("--leg_dir and --leg are required (or --plot_only)")

@@ -149,7 +149,10 @@ def best_k_per_match(steps, cost: dict[int, float]) -> dict[int, int]:
 
 def main(argv) -> None:
     del argv
-    answers = greedy_answers(FLAGS.corpus)
+    try:
+        answers = greedy_answers(FLAGS.corpus)
+    except ValueError as e:  # not a greedy corpus, or no shards: one line
+        raise app.UsageError(f"--corpus: {e}")
     if FLAGS.widths_json:
         with open(FLAGS.widths_json) as f:
             cost = {int(w): r for w, r in json.load(f)["verify_cost"].items()}
