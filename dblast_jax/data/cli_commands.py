@@ -1,4 +1,4 @@
-"""The `dblast data fetch | regenerate | tfds | stats` subcommands.
+"""The `dblast data fetch | regenerate | merge | tfds | stats` subcommands.
 
 Wired into dblast_jax.cli by `add_data_subcommands`; the same functions back
 `launch/make_data.py`."""
@@ -23,8 +23,8 @@ from dblast_jax.errors import UnknownNameError, int_arg, parse_finite
 from dblast_jax.io.fetch import ChecksumError, FetchError
 from dblast_jax.io.output_folder import check_output_folder
 
-__all__ = ["add_data_subcommands", "cmd_data_fetch", "cmd_data_regenerate", "cmd_data_stats",
-           "cmd_data_tfds",
+__all__ = ["add_data_subcommands", "cmd_data_fetch", "cmd_data_merge", "cmd_data_regenerate",
+           "cmd_data_stats", "cmd_data_tfds",
            "run_regenerate"]
 
 
@@ -142,6 +142,12 @@ def cmd_data_regenerate(args) -> int:
     return 0
 
 
+def cmd_data_merge(args) -> int:
+    from dblast_jax.data.merge import merge_corpora
+    merge_corpora(args.sources, args.out, verify_temperatures=args.verify_temperatures)
+    return 0
+
+
 def cmd_data_stats(args) -> int:
     s = corpus_stats(args.corpus, verify=not args.no_verify)
     print(json.dumps(s, indent=1) if args.json else format_stats(s))
@@ -168,7 +174,7 @@ def cmd_data_tfds(args) -> int:
 
 
 def add_data_subcommands(subparsers) -> argparse.ArgumentParser:
-    """Add `data {fetch,regenerate,stats}` to a `dblast` subparsers object."""
+    """Add `data {fetch,regenerate,merge,tfds,stats}` to a `dblast` subparsers object."""
     data = subparsers.add_parser("data", help="prompt sets, corpus regeneration, corpus stats")
     sub = data.add_subparsers(dest="data_command", required=True)
 
@@ -207,6 +213,17 @@ def add_data_subcommands(subparsers) -> argparse.ArgumentParser:
                         "log-probs agree to float rounding)")
     add_cluster_args(p, "the shards are shared out, --out must be one shared folder")
     p.set_defaults(func=cmd_data_regenerate)
+
+    p = sub.add_parser("merge", help="one corpus from shard ranges of several (e.g. more "
+                       "answers to the same prompts, made in another folder)")
+    p.add_argument("sources", nargs="+", metavar="CORPUS[:A:B]",
+                   help="source corpus folders in order; :A:B takes its shards A .. B-1 "
+                        "(all finished), a bare folder the shards finished so far")
+    p.add_argument("--out", required=True, help="the merged corpus folder (new, or the same "
+                   "merge to resume)")
+    p.add_argument("--verify-temperatures", type=_floats,
+                   help="log-prob temperatures to keep (default: those every source stores)")
+    p.set_defaults(func=cmd_data_merge)
 
     p = sub.add_parser("tfds", help="TFDS (array_record) copies of a corpus / prompt sets, "
                        "for tfds.data_source + grain")

@@ -381,6 +381,9 @@ def _identity(target, items: Sequence[WorkItem], cfg: RegenConfig,
 
 
 def _check_resume(existing: dict, identity: dict, folder) -> None:
+    if "merged_from" in existing:
+        raise ValueError(f"{folder} is a merged corpus (`dblast data merge`); regenerate into "
+                         "one of its sources (or a new folder) and merge again")
     for key in ("target", "settings", "prompts"):
         old, new = existing.get(key) or {}, identity[key]
         if key == "target" and "params_fingerprint" not in old:
