@@ -131,3 +131,50 @@ def test_cli_merge(corpora, tmp_path, capsys):
     assert args.func(args) == 0
     assert "log-probs at ['1.5']" in capsys.readouterr().out
     assert Corpus(out).temperatures == [1.5]
+
+
+def test_held_out_corpus_sharing_training_prompts_is_refused(corpora, tmp_path):
+    """Training on a merged / grown corpus and validating on another folder: answers to a
+    training prompt are not held out, whatever seed or temperature sampled them."""
+    from dblast_jax.train import config as TC
+    from dblast_jax.train import validation as V
+    a, b = corpora  # b answers a's prompts again
+    train = tmp_path / "train"
+    merge_lib.merge_corpora([f"{a}:0:2"], str(train), log=None)  # a's first 8 prompts
+    cfg = TC.get_experiment("tiny_dflash", [f"data={train}", "seq_len=32"])
+    target_config = load_target("tiny-llama").config
+    with pytest.raises(ValueError, match=r"answer 8 prompt\(s\) that the training data"):
+        V.make_validation_source(cfg, target_config, data=str(b), shards="0:2")
+    # a's last shard holds the other 2 prompts: disjoint, accepted
+    held = V.make_validation_source(cfg, target_config, data=str(a), shards="2:3")
+    assert len(held) == 2
+    V.check_prompts_held_out(str(a), 2, str(b), 2, 3)  # b's shard 2: a's last 2 prompts
+    with pytest.raises(ValueError, match="first 3 shards"):
+        V.check_prompts_held_out(str(a), 3, str(b), 2, 3)
+
+
+def test_excluding_the_prompts_of_held_out_shards(corpora, tmp_path):
+    """b answers a's prompts again: excluding a's shard 2 (prompts 8-9) leaves b's other
+    records, with their arrays cut consistently, and the held-out check then passes."""
+    from dblast_jax.train import validation as V
+    a, b = corpora
+    out = tmp_path / "train"
+    m = merge_lib.merge_corpora([str(b)], str(out), exclude_prompts_of=[f"{a}:2:3"], log=None)
+    src, merged = Corpus(b), Corpus(out, verify=True)
+    assert m["totals"]["excluded_sequences"] == 4  # prompts 8 and 9, at T = 1.0 and 0.0
+    assert len(merged) == len(src) - 4 == m["totals"]["sequences"]
+    held = {tuple(r["tokens"][:r["prompt_length"]]) for r in _records(Corpus(a, first_shard=2))}
+    kept = [r for r in _records(src) if tuple(r["tokens"][:r["prompt_length"]]) not in held]
+    for g, w in zip(_records(merged), kept):
+        np.testing.assert_array_equal(g["tokens"], w["tokens"])
+        np.testing.assert_array_equal(g["loss_mask"], w["loss_mask"])
+        for key in ("0.7", "1", "1.5"):
+            np.testing.assert_array_equal(g["logp"][key], w["logp"][key])
+            np.testing.assert_array_equal(g["entropy"][key], w["entropy"][key])
+        assert g["id"] == w["id"] and g["stopped"] == w["stopped"]
+    assert sum(e["response_tokens"] for e in m["shards"]) == sum(
+        int(r["loss_mask"].sum()) for r in kept)
+    V.check_prompts_held_out(str(out), 0, str(a), 2, 3)
+    with pytest.raises(ValueError, match="answer 2 prompt"):
+        V.check_prompts_held_out(str(b), 0, str(a), 2, 3)
+

@@ -144,7 +144,8 @@ def cmd_data_regenerate(args) -> int:
 
 def cmd_data_merge(args) -> int:
     from dblast_jax.data.merge import merge_corpora
-    merge_corpora(args.sources, args.out, verify_temperatures=args.verify_temperatures)
+    merge_corpora(args.sources, args.out, verify_temperatures=args.verify_temperatures,
+                  exclude_prompts_of=args.exclude_prompts_of or ())
     return 0
 
 
@@ -223,6 +224,9 @@ def add_data_subcommands(subparsers) -> argparse.ArgumentParser:
                    "merge to resume)")
     p.add_argument("--verify-temperatures", type=_floats,
                    help="log-prob temperatures to keep (default: those every source stores)")
+    p.add_argument("--exclude-prompts-of", action="append", metavar="CORPUS:A:B",
+                   help="leave out every record answering a prompt of these shards (the "
+                        "held-out set; repeatable)")
     p.set_defaults(func=cmd_data_merge)
 
     p = sub.add_parser("tfds", help="TFDS (array_record) copies of a corpus / prompt sets, "

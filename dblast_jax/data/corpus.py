@@ -54,7 +54,7 @@ AnyPath = Any  # pathlib.Path (local) or etils.epath.Path (gs://...): see `as_fo
 
 __all__ = ["FORMAT", "MANIFEST", "temperature_key", "shard_name", "as_folder", "is_corpus_folder",
            "sha256_path", "write_shard", "read_shard", "atomic_write_bytes", "atomic_write_text",
-           "read_manifest", "write_manifest", "Corpus"]
+           "read_manifest", "write_manifest", "Corpus", "prompt_digests"]
 
 FORMAT = "dblast-corpus-v1"
 MANIFEST = "manifest.json"
@@ -347,3 +347,17 @@ class Corpus:
                              f"response token followed by a block of {block_size} within "
                              f"seq_len {seq_len} (longest record {int(seq.max())} tokens)")
         return np.nonzero(ok)[0]
+
+
+def prompt_digests(corpus: "Corpus") -> set[bytes]:
+    """A digest of every record's prompt tokens (read from the shards, no record dicts):
+    whether two corpora share prompts, whatever their ids (`--prompts-from` renames them)."""
+    out = set()
+    for k in range(len(corpus.shards)):
+        a = corpus.shard(k)
+        toks, offsets, plens = a["tokens"], a["offsets"], a["prompt_lengths"]
+        for s in range(len(plens)):
+            lo = int(offsets[s])
+            out.add(hashlib.sha256(toks[lo:lo + int(plens[s])].tobytes()).digest())
+    return out
+

@@ -12,7 +12,10 @@ Rules, each checked before anything is written:
   `verify_temperatures` asks for); a shard storing more is rewritten without the others,
   a shard storing exactly those is copied byte for byte;
 - a source given as FOLDER:A:B needs all of its shards A .. B-1 finished; a bare FOLDER
-  takes the shards finished so far (a corpus still growing: merge again later).
+  takes the shards finished so far (a corpus still growing: merge again later);
+- `exclude_prompts_of` (FOLDER:A:B, e.g. the held-out shards) drops every record whose
+  prompt tokens equal one of theirs: pools repeat some prompts under other ids, and an
+  answer to a held-out prompt in the training data makes held-out acceptance optimistic.
 A merged corpus is not a regeneration: `dblast data regenerate` refuses to write into it.
 Rerunning the same merge resumes (shards already written with the right checksum are kept);
 a different merge into the same folder is refused.
@@ -24,6 +27,8 @@ import hashlib
 import json
 import os
 from typing import Optional, Sequence
+
+import numpy as np
 
 from dblast_jax.data import corpus as corpus_io
 from dblast_jax.io import paths
@@ -98,22 +103,55 @@ def _kept_temperatures(manifests: Sequence[dict], sources: Sequence[MergeSource]
     return sorted(stored[0][k] for k in common)
 
 
-def _copy_shard(src_path, dst_path, keep_keys: set[str], all_keys: set[str]) -> str:
-    """Write one output shard; returns its sha256. Bytes are copied when nothing is
-    dropped (same file, same checksum), else the shard is rewritten without the log-probs
-    and entropies of the temperatures not kept."""
-    if keep_keys == all_keys:
+def _prompt_digest(arrays: dict, s: int) -> bytes:
+    lo = int(arrays["offsets"][s])
+    return hashlib.sha256(arrays["tokens"][lo:lo + int(arrays["prompt_lengths"][s])]
+                          .tobytes()).digest()
+
+
+def _without_sequences(arrays: dict, keep: list[int]) -> dict:
+    """The shard's arrays with only sequences `keep` (in order)."""
+    off = arrays["offsets"]
+    token_idx = (np.concatenate([np.arange(off[s], off[s + 1]) for s in keep])
+                 if keep else np.zeros(0, np.int64))
+    lengths = np.asarray([off[s + 1] - off[s] for s in keep], np.int64)
+    out = {}
+    for name, a in arrays.items():
+        if name == "offsets":
+            out[name] = np.concatenate([[0], np.cumsum(lengths)]).astype(a.dtype)
+        elif name in ("tokens", "response_mask") or name.startswith(("logp_", "entropy_")):
+            out[name] = a[token_idx]
+        else:
+            out[name] = a[np.asarray(keep, np.int64)]
+    return out
+
+
+def _copy_shard(src_path, dst_path, keep_keys: set[str], all_keys: set[str],
+                excluded: set[bytes]) -> tuple[str, dict]:
+    """Write one output shard; returns (its sha256, its counts). Bytes are copied when
+    nothing is dropped (same file, same checksum), else the shard is rewritten without the
+    log-probs and entropies of the temperatures not kept and without the records whose
+    prompt is `excluded`."""
+    arrays = corpus_io.read_shard(src_path)
+    n = len(arrays["prompt_lengths"])
+    keep = [s for s in range(n) if _prompt_digest(arrays, s) not in excluded]
+    if keep_keys == all_keys and len(keep) == n:
         data = src_path.read_bytes()
         corpus_io.atomic_write_bytes(dst_path, data)
-        return hashlib.sha256(data).hexdigest()
-    arrays = corpus_io.read_shard(src_path)
+        return hashlib.sha256(data).hexdigest(), {}
     drop = {f"{kind}_{k}" for k in all_keys - keep_keys for kind in ("logp", "entropy")}
-    return corpus_io.write_shard(dst_path, {k: v for k, v in arrays.items() if k not in drop})
+    arrays = {k: v for k, v in arrays.items() if k not in drop}
+    if len(keep) < n:
+        arrays = _without_sequences(arrays, keep)
+    counts = {"sequences": len(keep), "tokens": int(arrays["tokens"].shape[0]),
+              "response_tokens": int(arrays["response_mask"].sum()),
+              "excluded_sequences": n - len(keep)}
+    return corpus_io.write_shard(dst_path, arrays), counts
 
 
 def merge_corpora(sources: Sequence[str | MergeSource], out: str, *,
                   verify_temperatures: Optional[Sequence[float]] = None,
-                  log=print) -> dict:
+                  exclude_prompts_of: Sequence[str] = (), log=print) -> dict:
     """Write the merged corpus of `sources` (in order) into `out`; returns its manifest."""
     srcs = [s if isinstance(s, MergeSource) else parse_source(s) for s in sources]
     if not srcs:
@@ -134,13 +172,20 @@ def merge_corpora(sources: Sequence[str | MergeSource], out: str, *,
     temps = _kept_temperatures(manifests, srcs, verify_temperatures)
     keep_keys = {corpus_io.temperature_key(t) for t in temps}
 
+    excluded: set[bytes] = set()
+    for spec_text in exclude_prompts_of:
+        ex = parse_source(spec_text)
+        excluded |= corpus_io.prompt_digests(corpus_io.Corpus(
+            ex.folder, verify=True, first_shard=ex.first or 0, max_shards=ex.stop))
+
     plan = []  # (source, its manifest, its shard entry) in output order
     for s, (m, entries) in zip(srcs, loaded):
         plan += [(s, m, e) for e in entries]
     spec = {"sources": [{"folder": s.folder, "shards": [e["index"] for e in entries],
                          "shard_sha256": [e["sha256"] for e in entries]}
                         for s, (_, entries) in zip(srcs, loaded)],
-            "verify_temperatures": temps}
+            "verify_temperatures": temps,
+            "exclude_prompts_of": [str(x) for x in exclude_prompts_of]}
 
     check_output_folder(out, "corpus", "--out")
     folder = corpus_io.as_folder(out)
@@ -165,10 +210,10 @@ def merge_corpora(sources: Sequence[str | MergeSource], out: str, *,
             raise ValueError(f"merge source shard {src_path} is missing or does not match "
                              "its manifest's sha256 (corrupt or replaced)")
         all_keys = {corpus_io.temperature_key(t) for t in m["settings"]["verify_temperatures"]}
-        sha = _copy_shard(src_path, path, keep_keys, all_keys)
+        sha, counts = _copy_shard(src_path, path, keep_keys, all_keys, excluded)
         entry = {key: e[key] for key in ("sequences", "tokens", "response_tokens",
                                          "gen_temperature") if key in e}
-        entry.update(index=k, file=name, sha256=sha, source=f"{s.folder}#{e['index']}")
+        entry.update(counts, index=k, file=name, sha256=sha, source=f"{s.folder}#{e['index']}")
         shards.append(entry)
         copied += 1
     manifest = {
@@ -184,6 +229,7 @@ def merge_corpora(sources: Sequence[str | MergeSource], out: str, *,
         "shards": shards,
         "complete": True,
         "totals": {"shards": len(shards),
+                   "excluded_sequences": sum(e.get("excluded_sequences", 0) for e in shards),
                    "sequences": sum(e.get("sequences", 0) for e in shards),
                    "tokens": sum(e.get("tokens", 0) for e in shards),
                    "response_tokens": sum(e.get("response_tokens", 0) for e in shards)},
@@ -193,5 +239,7 @@ def merge_corpora(sources: Sequence[str | MergeSource], out: str, *,
         t = manifest["totals"]
         log(f"{out}: {t['shards']} shards ({copied} written now), {t['sequences']} sequences, "
             f"{t['response_tokens']} response tokens, log-probs at "
-            f"{[corpus_io.temperature_key(x) for x in temps]}")
+            f"{[corpus_io.temperature_key(x) for x in temps]}"
+            + (f"; {t['excluded_sequences']} record(s) left out for answering a prompt of "
+               f"{', '.join(map(str, exclude_prompts_of))}" if exclude_prompts_of else ""))
     return manifest

@@ -30,15 +30,15 @@ from jax.sharding import Mesh
 from dblast_jax.config import DrafterSpec, TargetConfig
 from dblast_jax.data import pipeline as pipeline_lib
 from dblast_jax.data import records as records_lib
-from dblast_jax.data.corpus import is_corpus_folder, parse_shard_range
+from dblast_jax.data.corpus import Corpus, is_corpus_folder, parse_shard_range, prompt_digests
 from dblast_jax.io import paths  # local or gs://
 from dblast_jax.models.drafter import tempered_prior_params
 from dblast_jax.train.checkpoint import read_log_rows  # a cut last line is skipped
 from dblast_jax.train.config import TrainConfig
 from dblast_jax.train.step import compiled_eval_step  # the trainer's jitted eval step
 
-__all__ = ["HELD_OUT_SEED_OFFSET", "VALIDATION_FILE", "make_validation_source",
-           "mean_metrics", "paired_gain", "validate_drafters", "read_validation",
+__all__ = ["HELD_OUT_SEED_OFFSET", "VALIDATION_FILE", "check_prompts_held_out",
+           "make_validation_source", "mean_metrics", "paired_gain", "validate_drafters", "read_validation",
            "validation_table", "plot_prefix_acceptance"]
 
 VALIDATION_FILE = "validation.jsonl"
@@ -61,12 +61,33 @@ def make_validation_source(config: TrainConfig, target_config: TargetConfig,
     if shards and not is_corpus_folder(data):  # local or gs://...
         raise ValueError(f"validation shards {shards!r} need a corpus folder; {data!r} is not "
                          "one")
+    if data != config.data and is_corpus_folder(data) and is_corpus_folder(config.data):
+        check_prompts_held_out(config.data, config.data_shards, data, first, stop)
     return records_lib.make_source(
         data, vocab_size=target_config.vocab_size, block_size=config.drafter.block_size,
         seq_len=config.seq_len, verify_temperature=config.verify_temperature, seed=seed,
         num_phrases=config.synthetic_num_phrases, phrase_len=config.synthetic_phrase_len,
         logit_scale=config.synthetic_logit_scale, corpus_shards=stop,
         corpus_first_shard=first)
+
+
+def check_prompts_held_out(train: str, train_shards: int, held_out: str, first: int = 0,
+                           stop: int = 0) -> None:
+    """ValueError when held-out corpus shards answer prompts the training shards answer.
+
+    A held-out set in another folder (a merged or grown corpus for training, the original
+    for validation) is checked by prompt tokens: answers to a training prompt are not
+    held out, however they were sampled."""
+    train_prompts = prompt_digests(Corpus(train, verify=False, max_shards=train_shards or None))
+    held = Corpus(held_out, verify=False, first_shard=first, max_shards=stop or None)
+    shared = len(prompt_digests(held) & train_prompts)
+    if shared:
+        which = f"shards {first} .. {stop - 1} of " if stop else ""
+        raise ValueError(f"the held-out data ({which}{held_out}) answer {shared} prompt(s) "
+                         f"that the training data ({train}"
+                         f"{f', first {train_shards} shards' if train_shards else ''}) also "
+                         "answer: acceptance there is not held out; train on shards without "
+                         "those prompts (e.g. `dblast data merge` of the training shards only)")
 
 
 def mean_metrics(batches: Iterator[Mapping[str, np.ndarray]], num_batches: int,

@@ -97,6 +97,8 @@ def main(argv) -> int:
     atomic_write_text(curve, "".join(json.dumps(r) + "\n" for r in rows))
     keep = ("al_estimate", "top1", "greedy_accepted", "block_nll")
     record = {"leg": FLAGS.leg, "init": leg["init"], "steps": leg["steps"],
+              "data": leg.get("data", "corpora/smollm2_t1"),
+              "data_shards": leg.get("data_shards", 68),
               "training_cpu_s": rows[-1]["cpu_s"],
               "start": {k: rows[0][k] for k in keep if k in rows[0]},
               "end": {k: rows[-1][k] for k in keep if k in rows[-1]},
