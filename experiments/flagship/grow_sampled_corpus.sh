@@ -13,7 +13,8 @@
 # (ignored by git: 30 MB of shards would not fit beside the tracked tree in one device
 # call). Train on it with the original through a merged corpus:
 #   dblast data merge --out runs/corpora/smollm2_t1_x4 corpora/smollm2_t1:0:68 \
-#       runs/corpora/smollm2_t1_more:0:N
+#       runs/corpora/smollm2_t1_more:0:N --exclude-prompts-of corpora/smollm2_t1:68:72
+# (the exclusion drops the few training records whose prompt repeats a held-out one).
 set -u
 cd "$(dirname "$0")/../.."
 mkdir -p runs/corpora
