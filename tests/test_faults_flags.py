@@ -196,6 +196,16 @@ TABLE = {
     ("dblast data tfds", "--data-dir"): (["data", "tfds", "--prompts", "gsm8k", "--data-dir",
                                           "{FILE}"], "is a file, not a folder"),
     ("dblast data stats", "corpus"): (["data", "stats", "{DIR}"], "no corpus at"),
+    ("dblast data merge", "sources"): (["data", "merge", "--out", "{DIR}", "{DIR}2"],
+                                       "no corpus there"),
+    ("dblast data merge", "--out"): (["data", "merge", "--out", "{FILE}", "{DIR}2"],
+                                     "is a file"),
+    ("dblast data merge", "--verify-temperatures"): (
+        ["data", "merge", "--out", "{DIR}", "{DIR}2", "--verify-temperatures", "inf"],
+        "--verify-temperatures: expected comma-separated numbers"),
+    ("dblast data merge", "--exclude-prompts-of"): (
+        ["data", "merge", "--out", "{DIR}", "{DIR}2", "--exclude-prompts-of", "{DIR}3:5:1"],
+        "shard range '5:1'"),
     # ---- launch/train.py
     ("launch/train.py", "--experiment"): (["--workdir={DIR}", "--experiment=nope"],
                                           "unknown experiment 'nope'"),

@@ -154,8 +154,10 @@ def merge_corpora(sources: Sequence[str | MergeSource], out: str, *,
                   exclude_prompts_of: Sequence[str] = (), log=print) -> dict:
     """Write the merged corpus of `sources` (in order) into `out`; returns its manifest."""
     srcs = [s if isinstance(s, MergeSource) else parse_source(s) for s in sources]
+    exclusions = [parse_source(x) for x in exclude_prompts_of]
     if not srcs:
         raise ValueError("nothing to merge: give at least one source corpus")
+    check_output_folder(out, "corpus", "--out")
     out_abs = os.path.abspath(out) if paths.is_local(out) else out
     for s in srcs:
         if paths.is_local(s.folder) and os.path.abspath(s.folder) == out_abs:
@@ -173,8 +175,7 @@ def merge_corpora(sources: Sequence[str | MergeSource], out: str, *,
     keep_keys = {corpus_io.temperature_key(t) for t in temps}
 
     excluded: set[bytes] = set()
-    for spec_text in exclude_prompts_of:
-        ex = parse_source(spec_text)
+    for ex in exclusions:
         excluded |= corpus_io.prompt_digests(corpus_io.Corpus(
             ex.folder, verify=True, first_shard=ex.first or 0, max_shards=ex.stop))
 
@@ -187,7 +188,6 @@ def merge_corpora(sources: Sequence[str | MergeSource], out: str, *,
             "verify_temperatures": temps,
             "exclude_prompts_of": [str(x) for x in exclude_prompts_of]}
 
-    check_output_folder(out, "corpus", "--out")
     folder = corpus_io.as_folder(out)
     existing = corpus_io.read_manifest(folder)
     if existing is not None and existing.get("merged_from") != spec:

@@ -4,7 +4,8 @@
 (io/dflash.py); the other writers follow the same rule through `check_output_folder`,
 called before anything is written (and before the folder's lock, workdir_lock.py):
 
-    corpus            dblast data regenerate --out, launch/make_data.py --out
+    corpus            dblast data regenerate --out, dblast data merge --out,
+                      launch/make_data.py --out
     feature cache     TrainConfig.feature_cache (--override feature_cache=DIR)
     evaluation        dblast eval --out, launch/evaluate.py --out
     validation        dblast validate --out
