@@ -22,6 +22,7 @@ mean of the per-benchmark cell taus (every benchmark counts the same).
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import math
@@ -382,7 +383,9 @@ def write_scalar_summary(result: Mapping[str, Any], out_dir: str | Path) -> Path
     per cell `METRIC/METHOD/BENCHMARK/T<t>` for tau, tau_expected, tau_se, speedup and
     tokens_per_s, per drafter `METRIC/DRAFTER/macro/T<t>` (and `.../gain/T<t>` against
     the baseline); TensorBoard turns characters outside [A-Za-z0-9_.-/] into `_`. A
-    rerun replaces the folder's event files, so each tag holds one value."""
+    rerun replaces the folder's event files, so each tag holds one value; a rerun with
+    the same numbers (a resumed evaluation that had nothing left to run) leaves the event
+    file as it is, so committed results do not change for nothing."""
     # startup: dblast_jax.train pulls in grain and orbax (the table maths need neither)
     from dblast_jax.train.metric_writers import TENSORBOARD_DIR, TensorBoardWriter
     logdir = _local_out(out_dir) / TENSORBOARD_DIR
@@ -397,13 +400,24 @@ def write_scalar_summary(result: Mapping[str, Any], out_dir: str | Path) -> Path
                 if col.startswith(("macro@", "gain@")):
                     tag = f"{metric}/{row['drafter']}/{col.replace('@', '/')}"
                     scalars[tag] = row.get(col)
+    digest = hashlib.sha256(json.dumps(scalars, sort_keys=True, default=float)
+                            .encode()).hexdigest()
+    stamp = logdir / _SCALARS_DIGEST
+    if (logdir.is_dir() and any(logdir.glob("events.out.tfevents.*")) and stamp.is_file()
+            and stamp.read_text().strip() == digest):
+        return logdir  # the same numbers: keep the event file
     writer = TensorBoardWriter(str(logdir))
     if writer.primary and logdir.is_dir():
         for old in logdir.glob("events.out.tfevents.*"):
             old.unlink()
     with writer:
         writer.write_scalars(0, scalars)  # None (a missing cell) is skipped
+    if writer.primary:
+        atomic_write_text(stamp, digest + "\n")
     return logdir
+
+
+_SCALARS_DIGEST = ".scalars.sha256"  # what the event file holds (see write_scalar_summary)
 
 
 # ---- running -------------------------------------------------------------------------------

@@ -214,3 +214,13 @@ def test_eval_scalar_summary(tmp_path):
     assert got["tokens_per_s/plain/gsm/T1.0"] == [(0, 5.0)]
     assert got["tau/d1/macro/T1.0"] == [(0, 2.0)]
     assert "tau/plain/gsm/T1.0" not in got  # plain has no tau: skipped, not written as 0
+    # the same numbers again (a resumed evaluation with nothing left): the file is kept
+    before = sorted(glob.glob(str(logdir / "events.out.tfevents.*")))
+    (logdir / "keep-me").write_text("x")
+    ev.write_scalar_summary(result, tmp_path)
+    assert sorted(glob.glob(str(logdir / "events.out.tfevents.*"))) == before
+    # other numbers: replaced
+    rows[1]["tau"] = 3.0
+    ev.write_scalar_summary(ev.write_tables(ev.aggregate(rows), tmp_path), tmp_path)
+    after = glob.glob(str(logdir / "events.out.tfevents.*"))
+    assert len(after) == 1 and read_scalars(logdir)["tau/d1/gsm/T1.0"] == [(0, 3.0)]
