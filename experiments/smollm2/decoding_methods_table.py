@@ -70,4 +70,12 @@ def main(root: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "experiments/smollm2/results_decoding_methods")
+    if len(sys.argv) > 2 or (len(sys.argv) == 2 and sys.argv[1].startswith("-")):
+        print(__doc__.strip(), file=sys.stderr if sys.argv[1] not in ("-h", "--help")
+              else sys.stdout)
+        sys.exit(0 if sys.argv[1] in ("-h", "--help") else 2)
+    root = sys.argv[1] if len(sys.argv) > 1 else "experiments/smollm2/results_decoding_methods"
+    if not os.path.isdir(root):
+        sys.exit(f"{root}: no such folder (the four `dblast eval` folders of "
+                 "eval_decoding_methods.sh live in it)")
+    main(root)
