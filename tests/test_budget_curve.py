@@ -29,9 +29,23 @@ def test_curve_in_segments_resumes_and_plots(tmp_path):
               "--override=verify_temperature=1.0", "--override=seq_len=24",
               "--override=mesh=1,1,1", "--override=distill_weight=0.5",
               "--override=distill_topk=4"]
-    _run(*common, "--budget_cpu_s=0.001")  # step 0, then one segment: over budget
+    bad = subprocess.run([sys.executable, SCRIPT, *common, "--extra_validation=x/y=c:0:1"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert bad.returncode != 0 and "expected NAME=CORPUS:A:B" in bad.stderr
+    assert not wd.exists()  # refused before the trainer's setup wrote anything
+    # a second held-out set (here the training shard 1: not held out, so refused) ...
+    leak = subprocess.run([sys.executable, SCRIPT, *common, "--budget_cpu_s=0.001",
+                           f"--extra_validation=again={corpus}:1:2"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert leak.returncode != 0 and "held-out shards must come after" in leak.stderr
+    # ... and a held-out one, scored into every row under its name (here the main held-out
+    # shard again: the same anchors give the same numbers)
+    _run(*common, "--budget_cpu_s=0.001", f"--extra_validation=last={corpus}:2:3")
     rows = [json.loads(x) for x in open(wd / "budget_curve.jsonl")]
     assert [r["step"] for r in rows] == [0, 2]
+    for r in rows:
+        assert r["last/al_estimate"] == r["al_estimate"]
+        assert r["last/greedy_accepted"] == r["greedy_accepted"]
     # a flagship leg (experiments/flagship/train_k1.sh) is recorded only once it finished
     keep = tmp_path / "keep"
     (wd / "leg.json").write_text(json.dumps({"leg": 1, "init": "random", "steps": 6}))

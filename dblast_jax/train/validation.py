@@ -63,6 +63,10 @@ def make_validation_source(config: TrainConfig, target_config: TargetConfig,
                          "one")
     if data != config.data and is_corpus_folder(data) and is_corpus_folder(config.data):
         check_prompts_held_out(config.data, config.data_shards, data, first, stop)
+    elif data == config.data and stop and 0 < config.data_shards and first < config.data_shards:
+        raise ValueError(f"validation shards {shards!r} overlap the training data (shards 0 .. "
+                         f"{config.data_shards - 1} of {data}): held-out shards must come "
+                         "after data_shards")
     return records_lib.make_source(
         data, vocab_size=target_config.vocab_size, block_size=config.drafter.block_size,
         seq_len=config.seq_len, verify_temperature=config.verify_temperature, seed=seed,

@@ -38,6 +38,10 @@ flags.DEFINE_integer("max_steps", 100000, "the schedule's length (num_steps)")
 flags.DEFINE_string("validation_data", "corpora/smollm2_t1", "held-out corpus")
 flags.DEFINE_string("validation_shards", "68:72", "held-out shard range A:B")
 flags.DEFINE_integer("validation_batches", 16, "held-out batches (fixed anchors)")
+flags.DEFINE_multi_string("extra_validation", [], "NAME=CORPUS:A:B: another held-out set "
+                          "scored with the main one (same T_v); its numbers go into each row "
+                          "as NAME/al_estimate, NAME/greedy_accepted, ... (e.g. "
+                          "greedy=corpora/smollm2_t0_heldout:0:4: agreement with greedy text)")
 flags.DEFINE_list("plot", [], "workdirs to plot instead of training (NAME=DIR or DIR)")
 flags.DEFINE_string("out", "budget_curve.png", "plot file (with --plot)")
 flags.DEFINE_list("compare", [], "BASE,OTHER (workdirs or .jsonl, NAME=... allowed): a "
@@ -79,6 +83,15 @@ def train_curve() -> None:
     from dblast_jax.train import trainer as TR
     from dblast_jax.train import validation as V
 
+    extra_specs = {}  # checked before the trainer's (slow) setup
+    for spec in FLAGS.extra_validation:
+        name, sep, where = spec.partition("=")
+        parts = where.rsplit(":", 2)
+        if (not sep or not name or "/" in name or name in extra_specs or len(parts) != 3
+                or not all(p.isdigit() for p in parts[1:])):
+            raise app.UsageError(f"--extra_validation={spec!r}: expected NAME=CORPUS:A:B "
+                                 "(a new NAME without '/')")
+        extra_specs[name] = (parts[0], f"{parts[1]}:{parts[2]}")
     overrides = list(FLAGS.override) + [
         f"num_steps={FLAGS.max_steps}",
         f"checkpoint_every={FLAGS.checkpoint_every or FLAGS.segment_steps}",
@@ -91,6 +104,9 @@ def train_curve() -> None:
     held_out = V.make_validation_source(cfg, trainer.target_config,
                                         data=FLAGS.validation_data,
                                         shards=FLAGS.validation_shards)
+    extra = {name: V.make_validation_source(cfg, trainer.target_config, data=data,
+                                            shards=shards)
+             for name, (data, shards) in extra_specs.items()}
     rows = read_curve(FLAGS.workdir)
     cpu = rows[-1]["cpu_s"] if rows else 0.0
     if rows and rows[-1]["step"] != trainer.start_step:
@@ -104,12 +120,18 @@ def train_curve() -> None:
         keep = ("al_estimate", "al_estimate_mixture", "block_nll", "top1_mean", "top1",
                 "accept_prefix", "distill_kl", "greedy_accepted")
         row = {"step": step, "cpu_s": cpu, "segment_cpu_s": seg_cpu,
-               "validation_cpu_s": time.process_time() - t, "setup_cpu_s": setup_cpu,
-               "time": time.time(), **{k: m[k] for k in keep if k in m}}
+               "setup_cpu_s": setup_cpu, "time": time.time(),
+               **{k: m[k] for k in keep if k in m}}
+        for name, source in extra.items():
+            e = trainer.evaluate(source, FLAGS.validation_batches, step=step)
+            row.update({f"{name}/{k}": e[k] for k in keep if k in e})
+        row["validation_cpu_s"] = time.process_time() - t
         _append(FLAGS.workdir, row)
         print(f"step {step}  cpu {cpu:7.0f} s  AL {row['al_estimate']:.4f}  mixture "
               f"{row.get('al_estimate_mixture', float('nan')):.4f}  top1[0] "
-              f"{row['top1'][0]:.3f}  greedy {row['greedy_accepted']:.3f}", flush=True)
+              f"{row['top1'][0]:.3f}  greedy {row['greedy_accepted']:.3f}"
+              + "".join(f"  {name} AL {row[f'{name}/al_estimate']:.4f} greedy "
+                        f"{row[f'{name}/greedy_accepted']:.3f}" for name in extra), flush=True)
 
     if not rows:
         score(trainer.start_step, 0.0)

@@ -23,6 +23,13 @@
 # corpora/smollm2_t1; a merged corpus from `dblast data merge` with 0 = all its shards).
 # Legs 1-2 trained on the original 2,176 answers and memorised them (research log section
 # 7): later legs train on the grown corpus. Held out stays shards 68-71 of smollm2_t1.
+# Extra arguments go to budget_curve.py (repeat them when resuming), e.g. greedy agreement
+# on the greedy held-out answers, scored beside the main held-out set at every segment:
+#     DATA=runs/corpora/smollm2_t1_x4 DATA_SHARDS=0 STEPS=20000 SEGMENT=2000 \
+#         bash experiments/flagship/train_k1.sh \
+#         --extra_validation=greedy=corpora/smollm2_t0_heldout:0:4
+# (refused while the training data still hold the 5 held-out prompts that repeat training
+# prompts, i.e. on corpora/smollm2_t1 itself: merge with --exclude-prompts-of first).
 # A killed leg resumes from its checkpoint in runs/flagship/k1_legN (same command); a
 # finished leg is exported and recorded, and the next call starts the next leg.
 set -u
