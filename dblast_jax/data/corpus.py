@@ -54,7 +54,7 @@ AnyPath = Any  # pathlib.Path (local) or etils.epath.Path (gs://...): see `as_fo
 
 __all__ = ["FORMAT", "MANIFEST", "temperature_key", "shard_name", "as_folder", "is_corpus_folder",
            "sha256_path", "write_shard", "read_shard", "atomic_write_bytes", "atomic_write_text",
-           "read_manifest", "write_manifest", "Corpus", "prompt_digests"]
+           "read_manifest", "write_manifest", "Corpus", "prompt_digest", "prompt_digests"]
 
 FORMAT = "dblast-corpus-v1"
 MANIFEST = "manifest.json"
@@ -349,15 +349,16 @@ class Corpus:
         return np.nonzero(ok)[0]
 
 
+def prompt_digest(arrays: Mapping[str, np.ndarray], s: int) -> bytes:
+    """sha256 of the prompt tokens of sequence s of a shard's arrays."""
+    lo = int(arrays["offsets"][s])
+    return hashlib.sha256(arrays["tokens"][lo:lo + int(arrays["prompt_lengths"][s])]
+                          .tobytes()).digest()
+
+
 def prompt_digests(corpus: "Corpus") -> set[bytes]:
-    """A digest of every record's prompt tokens (read from the shards, no record dicts):
-    whether two corpora share prompts, whatever their ids (`--prompts-from` renames them)."""
-    out = set()
-    for k in range(len(corpus.shards)):
-        a = corpus.shard(k)
-        toks, offsets, plens = a["tokens"], a["offsets"], a["prompt_lengths"]
-        for s in range(len(plens)):
-            lo = int(offsets[s])
-            out.add(hashlib.sha256(toks[lo:lo + int(plens[s])].tobytes()).digest())
-    return out
+    """The prompt digest of every record (read from the shards, no record dicts): whether
+    two corpora share prompts, whatever their ids (`--prompts-from` renames them)."""
+    return {prompt_digest(a, s) for a in (corpus.shard(k) for k in range(len(corpus.shards)))
+            for s in range(len(a["prompt_lengths"]))}
 

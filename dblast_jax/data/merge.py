@@ -103,12 +103,6 @@ def _kept_temperatures(manifests: Sequence[dict], sources: Sequence[MergeSource]
     return sorted(stored[0][k] for k in common)
 
 
-def _prompt_digest(arrays: dict, s: int) -> bytes:
-    lo = int(arrays["offsets"][s])
-    return hashlib.sha256(arrays["tokens"][lo:lo + int(arrays["prompt_lengths"][s])]
-                          .tobytes()).digest()
-
-
 def _without_sequences(arrays: dict, keep: list[int]) -> dict:
     """The shard's arrays with only sequences `keep` (in order)."""
     off = arrays["offsets"]
@@ -126,17 +120,16 @@ def _without_sequences(arrays: dict, keep: list[int]) -> dict:
     return out
 
 
-def _copy_shard(src_path, dst_path, keep_keys: set[str], all_keys: set[str],
+def _copy_shard(src_path, data: bytes, dst_path, keep_keys: set[str], all_keys: set[str],
                 excluded: set[bytes]) -> tuple[str, dict]:
-    """Write one output shard; returns (its sha256, its counts). Bytes are copied when
-    nothing is dropped (same file, same checksum), else the shard is rewritten without the
-    log-probs and entropies of the temperatures not kept and without the records whose
-    prompt is `excluded`."""
-    arrays = corpus_io.read_shard(src_path)
+    """Write one output shard from the source shard's bytes `data` (checksum verified);
+    returns (its sha256, its counts). The bytes are copied when nothing is dropped (same
+    file, same checksum), else the shard is rewritten without the log-probs and entropies
+    of the temperatures not kept and without the records whose prompt is `excluded`."""
+    arrays = corpus_io.read_shard(src_path, data)
     n = len(arrays["prompt_lengths"])
-    keep = [s for s in range(n) if _prompt_digest(arrays, s) not in excluded]
+    keep = [s for s in range(n) if corpus_io.prompt_digest(arrays, s) not in excluded]
     if keep_keys == all_keys and len(keep) == n:
-        data = src_path.read_bytes()
         corpus_io.atomic_write_bytes(dst_path, data)
         return hashlib.sha256(data).hexdigest(), {}
     drop = {f"{kind}_{k}" for k in all_keys - keep_keys for kind in ("logp", "entropy")}
@@ -206,11 +199,12 @@ def merge_corpora(sources: Sequence[str | MergeSource], out: str, *,
             shards.append(prev)
             continue
         src_path = corpus_io.as_folder(s.folder) / e["file"]
-        if not src_path.is_file() or corpus_io.sha256_path(src_path) != e["sha256"]:
+        data = src_path.read_bytes() if src_path.is_file() else None
+        if data is None or hashlib.sha256(data).hexdigest() != e["sha256"]:
             raise ValueError(f"merge source shard {src_path} is missing or does not match "
                              "its manifest's sha256 (corrupt or replaced)")
         all_keys = {corpus_io.temperature_key(t) for t in m["settings"]["verify_temperatures"]}
-        sha, counts = _copy_shard(src_path, path, keep_keys, all_keys, excluded)
+        sha, counts = _copy_shard(src_path, data, path, keep_keys, all_keys, excluded)
         entry = {key: e[key] for key in ("sequences", "tokens", "response_tokens",
                                          "gen_temperature") if key in e}
         entry.update(counts, index=k, file=name, sha256=sha, source=f"{s.folder}#{e['index']}")
