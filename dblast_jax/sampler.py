@@ -4,7 +4,9 @@ Two loops, each one jitted call from prefill to the last token (fixed-size buffe
 per-row state, no host round trip per step; the state is a `flax.struct.dataclass`):
 
 * `generate_tokens`: plain autoregressive sampling from the target, one token per
-  step; `_plain_cond` documents when the loop stops.
+  step; `_plain_cond` documents when the loop stops. `generate_scored_tokens` is the
+  same loop that also keeps each emitted token's log-probability and entropy at given
+  temperatures, from the logits it sampled from (corpus regeneration: no second pass).
 * `speculative_generate_tokens`: speculative decoding; each step the drafter proposes a
   block (`_draft`), the target scores it in one pass and `verify` accepts a prefix plus
   one corrected / bonus token (`_spec_body`); `_spec_cond` says when it stops.
@@ -27,7 +29,7 @@ from dblast_jax.config import (CombinedDrafterConfig, NgramConfig, SamplingConfi
                                trained_drafter_config)
 from dblast_jax.models import drafter as drafter_lm
 from dblast_jax.models import target as target_lm
-from dblast_jax.sampling import sample_tokens, sampling_logprobs
+from dblast_jax.sampling import sample_tokens, sampling_logprobs, token_logprobs_and_entropies
 
 Array = jax.Array
 
@@ -69,6 +71,20 @@ class PlainState:
     out: Array  # [B, max_new_tokens] int32, PAD_ID after a row stops
     cache: target_lm.KVCache
     rng: Array
+    # generate_scored_tokens only (None otherwise): [n_T, B, max_new_tokens] float32, the
+    # log-prob / entropy at each score temperature of the token in `out` at that column
+    logp: Array | None = None
+    entropy: Array | None = None
+
+
+def _with_scores(state: PlainState, logits: Array, token: Array, column: Array,
+                 temperatures: tuple[float, ...]) -> PlainState:
+    """Write the scores of `token` [B] under `logits` [B, V] into column `column`."""
+    if not temperatures:
+        return state
+    lp, en = token_logprobs_and_entropies(logits, token, temperatures)  # [n_T, B]
+    put = lambda buf, x: jax.lax.dynamic_update_slice(buf, x[:, :, None], (0, 0, column))
+    return state.replace(logp=put(state.logp, lp), entropy=put(state.entropy, en))
 
 
 def _plain_cond(state: PlainState, max_new_tokens: int) -> Array:
@@ -77,7 +93,8 @@ def _plain_cond(state: PlainState, max_new_tokens: int) -> Array:
 
 
 def _plain_body(state: PlainState, params, config: TargetConfig,
-                sampling: SamplingConfig) -> PlainState:
+                sampling: SamplingConfig,
+                score_temperatures: tuple[float, ...] = ()) -> PlainState:
     logits, _, cache = target_lm.extend(params, state.last[:, None], state.positions,
                                         state.cache, config=config)
     rng = jax.random.fold_in(state.rng, state.step)
@@ -88,13 +105,39 @@ def _plain_body(state: PlainState, params, config: TargetConfig,
     out = jax.lax.dynamic_update_slice(state.out, token[:, None], (0, state.step))
     done = state.done | _is_stop(token, sampling.stop_tokens) | (
         state.num_generated + 1 >= sampling.max_new_tokens)
+    scored = _with_scores(state, logits[:, 0], token, state.step, score_temperatures)
     return PlainState(
         step=state.step + 1,
         last=jnp.where(active, token, state.last),
         positions=jnp.where(active, state.positions + 1, state.positions),
         done=done,
         num_generated=state.num_generated + active.astype(jnp.int32),
-        out=out, cache=cache, rng=state.rng)
+        out=out, cache=cache, rng=state.rng, logp=scored.logp, entropy=scored.entropy)
+
+
+def _plain_loop(params, prompt_tokens: Array, prompt_lengths: Array, rng: Array, *,
+                config: TargetConfig, sampling: SamplingConfig, cache_size: int,
+                score_temperatures: tuple[float, ...]) -> PlainState:
+    n = sampling.max_new_tokens
+    logits, _, cache = target_lm.prefill(params, prompt_tokens, prompt_lengths, config=config,
+                                         cache_size=cache_size, last_logits_only=True)
+    first = sample_tokens(jax.random.fold_in(rng, n + 1), logits[:, 0], sampling.temperature,
+                          sampling.top_k, sampling.top_p)
+    b = prompt_tokens.shape[0]
+    out = jnp.full((b, n), PAD_ID, jnp.int32).at[:, 0].set(first)
+    scores = (jnp.zeros((len(score_temperatures), b, n), jnp.float32)
+              if score_temperatures else None)
+    state = PlainState(
+        step=jnp.int32(1), last=first, positions=prompt_lengths.astype(jnp.int32),
+        done=_is_stop(first, sampling.stop_tokens) | (n <= 1),
+        num_generated=jnp.ones((b,), jnp.int32), out=out, cache=cache, rng=rng,
+        logp=scores, entropy=scores)
+    state = _with_scores(state, logits[:, 0], first, jnp.int32(0), score_temperatures)
+    return jax.lax.while_loop(functools.partial(_plain_cond, max_new_tokens=n),
+                              functools.partial(_plain_body, params=params, config=config,
+                                                sampling=sampling,
+                                                score_temperatures=score_temperatures),
+                              state)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "sampling", "cache_size"))
@@ -107,22 +150,36 @@ def generate_tokens(params, prompt_tokens: Array, prompt_lengths: Array, rng: Ar
     num_generated [B] int32 counting the stop token if one was emitted).
     """
     _check_prompts("generate_tokens", prompt_tokens, prompt_lengths)
-    n = sampling.max_new_tokens
-    logits, _, cache = target_lm.prefill(params, prompt_tokens, prompt_lengths, config=config,
-                                         cache_size=cache_size, last_logits_only=True)
-    first = sample_tokens(jax.random.fold_in(rng, n + 1), logits[:, 0], sampling.temperature,
-                          sampling.top_k, sampling.top_p)
-    b = prompt_tokens.shape[0]
-    out = jnp.full((b, n), PAD_ID, jnp.int32).at[:, 0].set(first)
-    state = PlainState(
-        step=jnp.int32(1), last=first, positions=prompt_lengths.astype(jnp.int32),
-        done=_is_stop(first, sampling.stop_tokens) | (n <= 1),
-        num_generated=jnp.ones((b,), jnp.int32), out=out, cache=cache, rng=rng)
-    state = jax.lax.while_loop(functools.partial(_plain_cond, max_new_tokens=n),
-                               functools.partial(_plain_body, params=params, config=config,
-                                                 sampling=sampling),
-                               state)
+    state = _plain_loop(params, prompt_tokens, prompt_lengths, rng, config=config,
+                        sampling=sampling, cache_size=cache_size, score_temperatures=())
     return state.out, state.num_generated
+
+
+@functools.partial(jax.jit, static_argnames=("config", "sampling", "cache_size",
+                                             "score_temperatures"))
+def generate_scored_tokens(params, prompt_tokens: Array, prompt_lengths: Array, rng: Array, *,
+                           config: TargetConfig, sampling: SamplingConfig, cache_size: int,
+                           score_temperatures: tuple[float, ...]):
+    """`generate_tokens` that also scores every emitted token at each score temperature T:
+    log softmax(logits / T) at the token and that softmax's entropy, from the very logits
+    the token was sampled from (untruncated, whatever top-k / top-p the sampling uses).
+
+    Why: a regenerated corpus stores these per response token; a separate teacher-forced
+    pass over prompt + answer (`data.regenerate.teacher_forced`, equal up to float
+    rounding) cost about a quarter of regeneration. The sampled tokens are those of
+    `generate_tokens` with the same key.
+    Returns (tokens, num_generated, logp, entropy); logp and entropy are
+    [len(score_temperatures), B, max_new_tokens] float32, column j scoring tokens[:, j]
+    (meaningless past a row's num_generated).
+    """
+    _check_prompts("generate_scored_tokens", prompt_tokens, prompt_lengths)
+    if not score_temperatures or min(score_temperatures) <= 0:
+        raise ValueError(f"score_temperatures must be positive temperatures, got "
+                         f"{score_temperatures!r}")
+    state = _plain_loop(params, prompt_tokens, prompt_lengths, rng, config=config,
+                        sampling=sampling, cache_size=cache_size,
+                        score_temperatures=tuple(float(t) for t in score_temperatures))
+    return state.out, state.num_generated, state.logp, state.entropy
 
 
 def pad_prompts(prompts: Sequence[Sequence[int]], multiple: int = 16,

@@ -55,3 +55,18 @@ def sample_tokens(rng: Array, logits: Array, temperature: float, top_k: int = 0,
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
     x = filter_logits(logits, temperature, top_k, top_p)
     return jax.random.categorical(rng, x, axis=-1).astype(jnp.int32)
+
+
+def token_logprobs_and_entropies(logits: Array, tokens: Array,
+                                 temperatures: tuple[float, ...]) -> tuple[Array, Array]:
+    """Per temperature T, log softmax(logits / T) at `tokens` and the entropy of that
+    softmax: the per-token statistics a regenerated corpus stores (untruncated: no top-k /
+    top-p, whatever the generation used). logits [N, V], tokens [N] int ->
+    (logp, entropy), each [len(temperatures), N] float32."""
+    logits = logits.astype(jnp.float32)
+    logps, entropies = [], []
+    for t in temperatures:
+        logp_all = jax.nn.log_softmax(logits / jnp.float32(t), axis=-1)
+        logps.append(jnp.take_along_axis(logp_all, tokens[:, None], axis=-1)[:, 0])
+        entropies.append(-jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1))
+    return jnp.stack(logps), jnp.stack(entropies)

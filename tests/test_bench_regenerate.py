@@ -27,13 +27,17 @@ def test_bench_regenerate_tiny(tmp_path):
     proc = subprocess.run(
         [sys.executable, os.path.join(ROOT, "benchmarks", "bench_regenerate.py"),
          "--model", "tiny-llama", "--prompts-from", f"{corpus}:0:2", "--batch", "2", "4",
-         "--new-tokens", "6", "--verify-temperatures", "1.0", "--out", str(out)],
+         "--new-tokens", "6", "--verify-temperatures", "1.0", "--scoring", "in-loop",
+         "teacher-forced", "--out", str(out)],
         cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True,
         timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "| batch | response tokens |" in proc.stdout
+    assert "| batch | scoring | response tokens |" in proc.stdout
     rec = json.loads(out.read_text())
-    assert rec["prompts"] == 8 and [r["batch"] for r in rec["rows"]] == [2, 4]
+    assert rec["prompts"] == 8 and [r["batch"] for r in rec["rows"]] == [2, 2, 4, 4]
+    assert [r["scoring"] for r in rec["rows"]] == ["in-loop", "teacher-forced"] * 2
+    # the same keys and batches: both ways of scoring generate the same answers
+    assert rec["rows"][0]["response_tokens"] == rec["rows"][1]["response_tokens"]
     for r in rec["rows"]:
         assert 0 < r["response_tokens"] <= 8 * 6
         assert r["cpu_s"] > 0 and r["tokens_per_cpu_s"] > 0

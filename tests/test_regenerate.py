@@ -11,7 +11,9 @@ from dblast_jax.data import corpus as corpus_io
 from dblast_jax.data import regenerate as regen
 from dblast_jax.data.corpus import Corpus
 from dblast_jax.generation import load_target
+from dblast_jax.config import SamplingConfig
 from dblast_jax.models import target as target_lm
+from dblast_jax.sampler import generate_scored_tokens, generate_tokens
 
 STOP = 5
 
@@ -102,6 +104,43 @@ def test_stored_logprobs_equal_a_fresh_teacher_forced_pass(full, target):
                                        rtol=1e-5)
             assert not r["logp"][key][:p].any() and not r["entropy"][key][:p].any()
             assert (r["logp"][key][p:] < 0).all()
+
+
+@pytest.mark.parametrize("temperature,top_k", [(1.0, 0), (0.0, 0), (0.8, 5)])
+def test_scores_kept_while_sampling_equal_the_teacher_forced_pass(target, prompts, temperature,
+                                                                   top_k):
+    """The one-pass regeneration (scores from the logits each token was sampled from)
+    against the teacher-forced pass it replaced, and its tokens against the plain loop's:
+    same key, same tokens; scores untruncated whatever top-k the sampling used."""
+    config = target.config
+    sampling = SamplingConfig(temperature=temperature, top_k=top_k, max_new_tokens=9,
+                              stop_tokens=(STOP,))
+    toks, lens = regen._pad_batch(prompts[:4], 32)
+    key, temps = jax.random.key(7), (0.7, 1.0, 1.5)
+    out, counts, lp, en = generate_scored_tokens(
+        target.params, jnp.asarray(toks), jnp.asarray(lens), key, config=config,
+        sampling=sampling, cache_size=64, score_temperatures=temps)
+    plain, plain_counts = generate_tokens(target.params, jnp.asarray(toks), jnp.asarray(lens),
+                                          key, config=config, sampling=sampling, cache_size=64)
+    np.testing.assert_array_equal(out, plain)
+    np.testing.assert_array_equal(counts, plain_counts)
+    out, counts = np.asarray(out), np.asarray(counts)
+    assert lp.shape == en.shape == (3, 4, 9)
+    rows = [list(prompts[r]) + [int(t) for t in out[r, :counts[r]]] for r in range(4)]
+    stoks, _ = regen._pad_batch(rows, 64)
+    want_lp, want_en = regen.teacher_forced(target.params, jnp.asarray(stoks), jnp.asarray(lens),
+                                            config=config, temperatures=temps, num_new=9,
+                                            row_block=16)
+    for r in range(4):
+        n = counts[r]
+        np.testing.assert_allclose(np.asarray(lp)[:, r, :n], np.asarray(want_lp)[:, r, :n],
+                                   atol=2e-5, rtol=1e-5)
+        np.testing.assert_allclose(np.asarray(en)[:, r, :n], np.asarray(want_en)[:, r, :n],
+                                   atol=2e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="score_temperatures must be positive"):
+        generate_scored_tokens(target.params, jnp.asarray(toks), jnp.asarray(lens), key,
+                               config=config, sampling=sampling, cache_size=64,
+                               score_temperatures=(0.0,))
 
 
 def test_several_generation_temperatures_and_greedy_answers(tmp_path, target, prompts):

@@ -2,11 +2,14 @@
 
 Drafters learn the target's distribution, so the data are the target's own answers
 (DFlash-style). For every (prompt, generation temperature) the target samples an answer
-with the on-device sampler (`generate_tokens`, batched); then one teacher-forced pass
-over prompt + answer stores, per response token, the target's float32 log-probability
-of that token (and the entropy of its predictive distribution) at each requested
-verification temperature — the input of the AL loss, computed once here instead of
-every training step. Prompt tokens are never scored (anchors and block labels are
+with the on-device sampler (`generate_scored_tokens`, batched), which also keeps, per
+response token, the target's float32 log-probability of that token (and the entropy of
+its predictive distribution) at each requested verification temperature, from the very
+logits the token was sampled from: the input of the AL loss, computed once here instead
+of every training step, in the one target pass per answer. (`teacher_forced` computes the
+same numbers from a second, teacher-forced pass over prompt + answer, which is what
+regeneration did before and cost ~28% of its time; the two agree up to float rounding,
+tests/test_regenerate.py.) Prompt tokens are never scored (anchors and block labels are
 response tokens), so they hold 0.
 
 Work is split into shards (`shard_size` prompts at one generation temperature). Each
@@ -50,6 +53,7 @@ from jax.experimental import multihost_utils
 
 from dblast_jax import sharding
 from dblast_jax.config import SamplingConfig, TargetConfig
+from dblast_jax.sampling import token_logprobs_and_entropies
 from dblast_jax.data import corpus as corpus_io
 from dblast_jax.data.dedup import training_prompts
 from dblast_jax.data.sources import Prompt
@@ -59,7 +63,7 @@ from dblast_jax.io.atomic import atomic_write_json
 from dblast_jax.io.output_folder import check_output_folder
 from dblast_jax.models import target as target_lm
 from dblast_jax.distributed import barrier, shared_file_error
-from dblast_jax.sampler import PAD_ID, cache_size_for, generate_tokens
+from dblast_jax.sampler import PAD_ID, cache_size_for, generate_scored_tokens
 from dblast_jax.workdir_lock import FolderLock
 
 __all__ = ["RegenConfig", "WorkItem", "encode_work", "regenerate", "teacher_forced",
@@ -83,7 +87,10 @@ class RegenConfig:
     seed: int = 0
     system: Optional[str] = None  # optional system message for text prompts
     pad_multiple: int = 64  # prompt / sequence widths are rounded up to this (fewer compiles)
-    logprob_rows: int = 512  # rows per LM-head block in the teacher-forced pass
+    # rows per LM-head block of `teacher_forced`. Regeneration scores in its generation
+    # loop since 2026-12 and no longer reads this; it stays a setting so that corpora made
+    # before keep their identity (a resumed run compares settings)
+    logprob_rows: int = 512
 
     def __post_init__(self):
         if not self.gen_temperatures or not self.verify_temperatures:
@@ -240,13 +247,7 @@ def teacher_forced(params, tokens, prompt_lengths, *, config: TargetConfig,
     def one_block(args):
         hb, tb = args
         logits = jnp.einsum(spec, hb, head, preferred_element_type=jnp.float32)
-        lps, ents = [], []
-        for t in temperatures:
-            z = logits / jnp.float32(t)
-            logp_all = jax.nn.log_softmax(z, axis=-1)
-            lps.append(jnp.take_along_axis(logp_all, tb[:, None], axis=-1)[:, 0])
-            ents.append(-jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1))
-        return jnp.stack(lps), jnp.stack(ents)
+        return token_logprobs_and_entropies(logits, tb, temperatures)
 
     lp, en = jax.lax.map(one_block, (h, tgt))  # [blocks, n_T, row_block]
     fix = lambda x: jnp.moveaxis(x, 1, 0).reshape(len(temperatures), -1)[:, :rows].reshape(
@@ -299,7 +300,7 @@ def _run_shard(target, items: Sequence[WorkItem], plan: _ShardPlan, cfg: RegenCo
     shard_key = jax.random.fold_in(jax.random.key(cfg.seed), plan.index)
     temps = tuple(float(t) for t in cfg.verify_temperatures)
     seqs, plens, stopped, logps, ents, ids = [], [], [], [], [], []
-    timing = {"generate_seconds": 0.0, "score_seconds": 0.0}
+    timing = {"generate_seconds": 0.0}  # generation and scoring are one pass
     for b, lo in enumerate(range(0, len(order), cfg.batch_size)):
         batch = [shard_items[i] for i in order[lo:lo + cfg.batch_size]]
         real = len(batch)
@@ -307,24 +308,20 @@ def _run_shard(target, items: Sequence[WorkItem], plan: _ShardPlan, cfg: RegenCo
         width = _round_up(max(len(w.tokens) for w in batch), cfg.pad_multiple)
         toks, lens = _pad_batch([w.tokens for w in batch], width)
         t0 = time.perf_counter()
-        out, counts = generate_tokens(
+        # one target pass per answer: the loop scores each token from the logits it was
+        # sampled from (no teacher-forced pass over prompt + answer afterwards)
+        out, counts, lp, en = generate_scored_tokens(
             target.params, place(toks), place(lens),
             jax.random.fold_in(shard_key, b), config=config, sampling=sampling,
-            cache_size=cache_size_for(width, cfg.max_new_tokens, multiple=cfg.pad_multiple))
+            cache_size=cache_size_for(width, cfg.max_new_tokens, multiple=cfg.pad_multiple),
+            score_temperatures=temps)
         out, counts = np.asarray(out), np.asarray(counts)
-        t1 = time.perf_counter()
+        lp, en = np.asarray(lp), np.asarray(en)
+        timing["generate_seconds"] += time.perf_counter() - t0
         rows = []
         for r in range(cfg.batch_size):
             answer = [int(t) for t in out[r, :counts[r]] if t != PAD_ID]
             rows.append(list(batch[r].tokens) + answer)
-        seq_w = _round_up(max(len(r) for r in rows), cfg.pad_multiple)
-        stoks, _ = _pad_batch(rows, seq_w)
-        lp, en = teacher_forced(target.params, place(stoks), place(lens),
-                                config=config, temperatures=temps,
-                                num_new=cfg.max_new_tokens, row_block=cfg.logprob_rows)
-        lp, en = np.asarray(lp), np.asarray(en)
-        timing["generate_seconds"] += t1 - t0
-        timing["score_seconds"] += time.perf_counter() - t1
         new_tokens = 0
         for r in range(real):
             n, p = len(rows[r]), len(batch[r].tokens)
