@@ -122,3 +122,43 @@ def test_corrupt_cache_and_unusable_settings_are_refused(corpus, tmp_path):
         _cfg(corpus, "feature_cache_dtype=float16")
     with pytest.raises(FileNotFoundError, match="single-process"):
         _build(corpus, tmp_path / "none", build=False)
+
+
+@pytest.mark.parametrize("teacher_topk", [0, 4])
+def test_a_grown_source_reuses_the_rows_of_its_prefix(corpus, tmp_path, teacher_topk):
+    """A grown corpus (the old records first, then new ones) gets its own cache, which
+    starts from the old cache's rows: only the new records go through the target."""
+    tcfg, tparams, name = tiny_target()
+    records = [_source(corpus)[i] for i in range(37)]
+    head = (tparams["embed"]["embedding"], "vh") if teacher_topk else None
+    logs = []
+
+    def build(recs, folder):
+        return FC.build_feature_cache(recs, tcfg, tparams, (1,), SEQ, folder,
+                                      target_name=name, progress=False, log=logs.append,
+                                      teacher_topk=teacher_topk, head=head)
+
+    want = build(records, tmp_path / "fresh")
+    small = build(records[:20], tmp_path / "grown")
+    read = {"n": 0}
+
+    class Counted(list):
+        def __getitem__(self, i):
+            read["n"] += 1
+            return list.__getitem__(self, i)
+
+    logs.clear()
+    grown = build(Counted(records), tmp_path / "grown")
+    assert grown.folder != small.folder
+    assert any("reused the taps of its first 20 records" in s for s in logs), logs
+    assert read["n"] == 37 + 17  # the digests read every record, the target pass 17
+    for i in range(37):
+        np.testing.assert_array_equal(grown.taps(i), want.taps(i))
+        if teacher_topk:
+            for a, b in zip(grown.teacher(i), want.teacher(i)):
+                np.testing.assert_array_equal(a, b)
+    # not a prefix (another order): nothing is reused
+    logs.clear()
+    shuffled = build(records[::-1], tmp_path / "grown")
+    assert not any("reused" in s for s in logs)
+    np.testing.assert_allclose(shuffled.taps(0), want.taps(36), rtol=1e-5, atol=1e-5)

@@ -11,10 +11,14 @@ Layout: `<cache folder>/<fingerprint[:16]>/` with
     meta.json      what the features are of: records digest, target digest, tap layers,
                    seq_len, dtype (the fingerprint is their hash)
     taps.npy       [records, seq_len, n_taps, H] float32 (or bfloat16 stored as uint16)
+    record_digests.npy  [records, 32] uint8: each record's sha256 (of its first seq_len
+                   tokens)
     progress.json  {"done": n, "complete": bool}, rewritten atomically after each chunk
 A changed corpus, target, tap set or seq_len gets another subfolder, so features are
 never read for records they were not computed from; an interrupted build resumes at
-`done`. Records are those of the source in index order (the trainer's input pipeline,
+`done`. A new subfolder starts from the rows of a sibling whose records are a prefix of
+its own (a grown corpus: the original shards first, then the new ones), so only the new
+records cost a target pass. Records are those of the source in index order (the trainer's input pipeline,
 `data/pipeline.py`, picks indices into the same source).
 
 The cache folder must be local (or a gcsfuse mount): the taps are read through
@@ -64,12 +68,62 @@ def _atomic_json(path: Path, obj: Any) -> None:
 
 def records_digest(source: Any, seq_len: int) -> str:
     """sha256 over the first seq_len tokens of every record (all the taps depend on)."""
+    return _digests(source, seq_len)[0]
+
+
+def _digests(source: Any, seq_len: int) -> tuple[str, np.ndarray]:
+    """(records_digest, each record's own sha256 [n, 32] uint8), in one read."""
     h = hashlib.sha256(f"{len(source)}:{seq_len}".encode())
+    each = np.zeros((len(source), 32), np.uint8)
     for i in range(len(source)):
         tokens = np.asarray(source[i]["tokens"][:seq_len], np.int32)
         h.update(np.int64(tokens.size).tobytes())
         h.update(tokens.tobytes())
-    return h.hexdigest()
+        each[i] = np.frombuffer(hashlib.sha256(tokens.tobytes()).digest(), np.uint8)
+    return h.hexdigest(), each
+
+
+# a cache's key fields that depend on its records (the rest must match for rows to be reused)
+_RECORD_FIELDS = ("records", "records_digest")
+DIGESTS_FILE = "record_digests.npy"
+
+
+def _reuse_prefix(folder: Path, sub: Path, meta: dict, digests: np.ndarray,
+                  arrays: Sequence[np.ndarray]) -> tuple[int, Optional[Path]]:
+    """Copy the rows of the longest common record prefix from a sibling cache.
+
+    Why: a growing corpus (a merge of the original shards, then more) is a new source each
+    time, so it gets a new cache; its first records are those of the last one, whose taps
+    cost a target pass each. A sibling qualifies when everything but its records matches
+    (target, taps, seq_len, dtype, teacher) and it kept its per-record digests; its first
+    `done` rows are final (written in index order). Returns (rows copied, the sibling)."""
+    want = {k: v for k, v in meta.items() if k not in _RECORD_FIELDS}
+    best, best_sub = 0, None
+    for other in sorted(p for p in folder.iterdir() if p.is_dir() and p != sub):
+        try:
+            ometa = json.loads((other / "meta.json").read_text())
+            done = int(json.loads((other / "progress.json").read_text())["done"])
+            odig = np.load(other / DIGESTS_FILE)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not a cache, an old one without digests, or unreadable: skip it
+        if {k: v for k, v in ometa.items() if k not in _RECORD_FIELDS} != want:
+            continue
+        m = min(done, len(odig), len(digests))
+        same = np.all(odig[:m] == digests[:m], axis=1)
+        m = int(m if same.all() else np.argmin(same))
+        if m > best:
+            best, best_sub = m, other
+    if not best:
+        return 0, None
+    names = ["taps.npy", "teacher_ids.npy", "teacher_logp.npy"][:len(arrays)]
+    sources = [np.load(best_sub / name, mmap_mode="r") for name in names]
+    step = 64
+    for lo in range(0, best, step):
+        for src, dst in zip(sources, arrays):
+            dst[lo:min(best, lo + step)] = src[lo:min(best, lo + step)]
+    for dst in arrays:
+        dst.flush()
+    return best, best_sub
 
 
 def params_digest(params: Any, sample: int = 4096) -> str:
@@ -200,7 +254,8 @@ def build_feature_cache(source: Any, target_config: TargetConfig, target_params:
     if n > 10**8:
         raise ValueError(f"feature_cache needs a finite corpus; this source has {n} records "
                          "(synthetic data are generated on the fly: train without a cache)")
-    meta = {"format": FORMAT, "records": n, "records_digest": records_digest(source, seq_len),
+    digest, digests = _digests(source, seq_len)
+    meta = {"format": FORMAT, "records": n, "records_digest": digest,
             "target": target_name, "target_digest": params_digest(target_params),
             "tap_layers": [int(x) for x in tap_layers], "seq_len": int(seq_len),
             "hidden_size": int(target_config.hidden_size), "dtype": dtype}
@@ -244,7 +299,16 @@ def build_feature_cache(source: Any, target_config: TargetConfig, target_params:
             t_ids = np.lib.format.open_memmap(tpaths[0], mode="w+", dtype=np.int32, shape=tshape)
             t_logp = np.lib.format.open_memmap(tpaths[1], mode="w+", dtype=np.float32,
                                                shape=tshape)
-        _atomic_json(prog_path, {"done": 0, "complete": False})
+        tmp = sub / (DIGESTS_FILE + ".tmp")
+        with open(tmp, "wb") as f:
+            np.save(f, digests)
+        os.replace(tmp, sub / DIGESTS_FILE)
+        done, other = _reuse_prefix(Path(folder), sub, meta, digests,
+                                    [a for a in (taps, t_ids, t_logp) if a is not None])
+        if done:
+            log(f"feature cache {sub}: reused the taps of its first {done} records from "
+                f"{other} (the same records in the same order)")
+        _atomic_json(prog_path, {"done": done, "complete": done == n})
 
     layers = tuple(meta["tap_layers"])
     last = target_config.num_layers - 1
