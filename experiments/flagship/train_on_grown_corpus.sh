@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The next flagship K = 1 leg (train_k1.sh) on as much of the grown corpus as is finished:
+# the 68 training shards of corpora/smollm2_t1 followed by every complete pass (68 shards:
+# one more answer to each training prompt) of runs/corpora/smollm2_t1_more, merged with the
+# records whose prompt repeats a held-out prompt left out. Greedy agreement on the greedy
+# held-out answers is scored beside the sampled held-out set at every segment.
+#
+#     bash experiments/flagship/train_on_grown_corpus.sh   # start, or resume, the next leg
+#     STEPS=10000 bash experiments/flagship/train_on_grown_corpus.sh
+#
+# A leg keeps the corpus it started on (its leg.json), so a killed leg resumes on the same
+# data; the next leg takes the passes finished by then. The merged folders are named by
+# the answers per prompt they hold (smollm2_t1_x2 ... _x4); each is a prefix of the next, so
+# the feature cache of a bigger one starts from the rows of the smaller (feature_cache.py).
+set -eu
+cd "$(dirname "$0")/../.."
+KEEP=experiments/flagship/k1
+LEG=$(( $( [ -f $KEEP/legs.jsonl ] && wc -l < $KEEP/legs.jsonl || echo 0 ) + 1 ))
+if [ -f runs/flagship/k1_leg$LEG/leg.json ]; then
+  echo "resuming leg $LEG on $(python -c "import json; print(json.load(open('runs/flagship/k1_leg$LEG/leg.json'))['data'])")"
+  exec bash experiments/flagship/train_k1.sh --extra_validation=greedy=corpora/smollm2_t0_heldout:0:4
+fi
+MORE=runs/corpora/smollm2_t1_more
+DONE=$(python -c "
+import json, sys
+try:
+    m = json.load(open('$MORE/manifest.json'))
+except OSError:
+    print(0); sys.exit()
+done = {s['index'] for s in m['shards']}
+n = 0
+while n in done:
+    n += 1
+print(n)")
+PASSES=$(( DONE / 68 ))
+[ $PASSES -ge 3 ] && PASSES=3
+if [ $PASSES -eq 0 ]; then
+  echo "no complete pass of $MORE yet ($DONE of 68 shards): run experiments/flagship/grow_sampled_corpus.sh" >&2
+  exit 1
+fi
+DATA=runs/corpora/smollm2_t1_x$(( PASSES + 1 ))
+echo "leg $LEG: merging corpora/smollm2_t1:0:68 + $MORE:0:$(( 68 * PASSES )) into $DATA"
+dblast data merge --out $DATA corpora/smollm2_t1:0:68 $MORE:0:$(( 68 * PASSES )) \
+    --exclude-prompts-of corpora/smollm2_t1:68:72
+export DATA DATA_SHARDS=0 STEPS=${STEPS:-20000} SEGMENT=${SEGMENT:-2000}
+exec bash experiments/flagship/train_k1.sh --extra_validation=greedy=corpora/smollm2_t0_heldout:0:4
