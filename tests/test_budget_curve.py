@@ -62,6 +62,9 @@ def test_curve_in_segments_resumes_and_plots(tmp_path):
     legs = [json.loads(x) for x in open(keep / "legs.jsonl")]
     assert len(legs) == 1 and legs[0]["steps"] == 6 and legs[0]["init"] == "random"
     assert legs[0]["end"]["al_estimate"] == rows[-1]["al_estimate"]
+    # the extra held-out sets' metrics are kept too (scored here by the first segment only)
+    assert legs[0]["start"]["last/al_estimate"] == rows[0]["last/al_estimate"]
+    assert "last/al_estimate" not in legs[0]["end"] and legs[0]["seq_len"] == 256
     assert "already recorded" in done.stdout
     assert (keep / "drafter" / "config.json").is_file()  # the next leg's starting point
     assert (keep / "curve_leg1.jsonl").read_text() == (wd / "budget_curve.jsonl").read_text()

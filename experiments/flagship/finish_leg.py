@@ -95,13 +95,15 @@ def main(argv) -> int:
                    force=True)
     curve = os.path.join(FLAGS.keep, f"curve_leg{FLAGS.leg}.jsonl")
     atomic_write_text(curve, "".join(json.dumps(r) + "\n" for r in rows))
-    keep = ("al_estimate", "top1", "greedy_accepted", "block_nll")
+    metrics = ("al_estimate", "top1", "greedy_accepted", "block_nll")
+    # and the same metrics on the extra held-out sets (--extra_validation=NAME=...: NAME/key)
+    keep = lambda row: [k for k in row if k.rsplit("/", 1)[-1] in metrics]
     record = {"leg": FLAGS.leg, "init": leg["init"], "steps": leg["steps"],
               "data": leg.get("data", "corpora/smollm2_t1"),
-              "data_shards": leg.get("data_shards", 68),
+              "data_shards": leg.get("data_shards", 68), "seq_len": leg.get("seq_len", 256),
               "training_cpu_s": rows[-1]["cpu_s"],
-              "start": {k: rows[0][k] for k in keep if k in rows[0]},
-              "end": {k: rows[-1][k] for k in keep if k in rows[-1]},
+              "start": {k: rows[0][k] for k in keep(rows[0])},
+              "end": {k: rows[-1][k] for k in keep(rows[-1])},
               "finished": time.strftime("%Y-%m-%d", time.gmtime(rows[-1]["time"]))}
     atomic_write_text(legs_path, "".join(json.dumps(r) + "\n" for r in legs + [record]))
     print(f"leg {FLAGS.leg}: held-out AL {record['start'].get('al_estimate'):.4f} -> "

@@ -21,6 +21,10 @@
 #     DATA=runs/corpora/smollm2_t1_x4 DATA_SHARDS=0 bash experiments/flagship/train_k1.sh
 # DATA / DATA_SHARDS choose a new leg's training corpus (default: the first 68 shards of
 # corpora/smollm2_t1; a merged corpus from `dblast data merge` with 0 = all its shards).
+# SEQ_LEN (default 256) is the record window a leg trains and validates on: a record enters
+# a batch as its first SEQ_LEN tokens, so at 256 only 67.6% of the corpus's response tokens
+# can ever be an anchor (prompts average 96 tokens, answers 186), at 384 92.2%. A leg scores
+# its starting drafter on its own window first, so gains within a leg stay paired.
 # Legs 1-2 trained on the original 2,176 answers and memorised them (research log section
 # 7): later legs train on the grown corpus. Held out stays shards 68-71 of smollm2_t1.
 # Extra arguments go to budget_curve.py (repeat them when resuming), e.g. greedy agreement
@@ -41,16 +45,16 @@ WORK=runs/flagship/k1_leg$LEG
 INIT=pretrained/smollm2-135m-instruct/smollm2-dflash-k1
 [ -f $KEEP/drafter/config.json ] && INIT=$KEEP/drafter
 mkdir -p $WORK  # the leg's settings, fixed at its start so that a resume keeps them
-[ -f $WORK/leg.json ] || printf '{"leg": %d, "init": "%s", "steps": %d, "data": "%s", "data_shards": %d}\n' \
-    $LEG "$INIT" ${STEPS:-3000} "${DATA:-corpora/smollm2_t1}" ${DATA_SHARDS:-68} > $WORK/leg.json
+[ -f $WORK/leg.json ] || printf '{"leg": %d, "init": "%s", "steps": %d, "data": "%s", "data_shards": %d, "seq_len": %d}\n' \
+    $LEG "$INIT" ${STEPS:-3000} "${DATA:-corpora/smollm2_t1}" ${DATA_SHARDS:-68} ${SEQ_LEN:-256} > $WORK/leg.json
 leg() { python -c "import json; print(json.load(open('$WORK/leg.json')).get('$1', '$2'))"; }
 STEPS=$(leg steps) INIT=$(leg init) DATA=$(leg data corpora/smollm2_t1)
-DATA_SHARDS=$(leg data_shards 68)
+DATA_SHARDS=$(leg data_shards 68) SEQ_LEN=$(leg seq_len 256)
 nice -n 10 python experiments/budget/budget_curve.py --experiment=smollm2_k1_al \
   --workdir=$WORK --max_steps=$STEPS --segment_steps=${SEGMENT:-500} \
   --checkpoint_every=250 --budget_cpu_s=1e9 --validation_batches=8 \
   --override=data=$DATA --override=data_shards=$DATA_SHARDS \
-  --override=batch_size=8 --override=seq_len=256 --override=anchors_per_sequence=16 \
+  --override=batch_size=8 --override=seq_len=$SEQ_LEN --override=anchors_per_sequence=16 \
   --override=learning_rate=${LR:-5e-4} --override=warmup_fraction=0.03 \
   --override=keep_checkpoints=2 --override=feature_cache=runs/flagship/features \
   --override=target_layer_ids=1,7,14,20,27 --override=drafter_layers=1 \
