@@ -7,7 +7,9 @@ feature cache, one trains without distillation, the other with distill_weight=1 
 also holds the teacher's top-k). `--pair full-vs-sampled-head`: both distil from one
 feature cache (built by the first), the second normalises log q over the
 `--head-tokens` most frequent response tokens + `--head-sampled` sampled ones
-(TrainConfig.train_head_tokens, train/sampled_head.py). The two Trainers are stepped in alternating rounds in one
+(TrainConfig.train_head_tokens, train/sampled_head.py). `--pair seq-len:256:384`: the
+flagship's recipe (distillation, sampled head), each Trainer with its own cache, reading
+records through a 256- and a 384-token window. The two Trainers are stepped in alternating rounds in one
 process, so machine noise hits both, and the ratio of their median step times is reported
 with the one-off cost of building the second one's cache.
 
@@ -40,6 +42,12 @@ def _pair_overrides(pair: str, root: str, head: tuple[int, int] = (4096, 1024)
     """(name, overrides) of the two Trainers of a pair; the second one's cache is timed
     (the first one's for full-vs-sampled-head, where they share it)."""
     full = ["train_head_tokens=0"]  # the other pairs time the full head, as BENCHMARKS.md
+    if pair.startswith("seq-len"):  # the flagship's recipe at two record windows
+        recipe = ["distill_weight=1.0", f"train_head_tokens={head[0]}",
+                  f"train_head_sampled={head[1]}"]
+        short, long = (int(x) for x in pair.split(":")[1:])
+        return ((f"seq{short}", recipe + [f"seq_len={short}", f"feature_cache={root}/f{short}"]),
+                (f"seq{long}", recipe + [f"seq_len={long}", f"feature_cache={root}/f{long}"]))
     if pair == "full-vs-sampled-head":
         both = ["distill_weight=1.0", f"feature_cache={root}/features_teacher"]
         return (("full_head", both + full), ("sampled_head", both + [
@@ -58,6 +66,8 @@ def measure(experiment: str, args, target) -> dict:
               "num_steps=100000", "checkpoint_every=100000", "log_every=1", "export=false"]
     if args.taps:
         common.append(f"target_layer_ids={args.taps}")
+    if args.verify_temperature is not None:
+        common.append(f"verify_temperature={args.verify_temperature}")
     root = tempfile.mkdtemp(prefix="bench_train_")
     (a, a_over), (b, b_over) = _pair_overrides(args.pair, root,
                                                (args.head_tokens, args.head_sampled))
@@ -106,8 +116,12 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=1)
     p.add_argument("--taps", default="", help="target_layer_ids, e.g. 1,7,14,20,27 "
                    "(default: the experiment's)")
-    p.add_argument("--pair", choices=("live-vs-cached", "no-distill-vs-distill",
-                                      "full-vs-sampled-head"), default="live-vs-cached")
+    p.add_argument("--verify-temperature", type=float, default=None,
+                   help="T_v of the AL loss (default: the experiment's; the corpus must "
+                   "store log-probs at it)")
+    p.add_argument("--pair", default="live-vs-cached",
+                   help="live-vs-cached, no-distill-vs-distill, full-vs-sampled-head, or "
+                   "seq-len:A:B (the flagship recipe, each with its cache, at seq_len A and B)")
     p.add_argument("--head-tokens", type=int, default=4096,
                    help="full-vs-sampled-head: train_head_tokens of the second")
     p.add_argument("--head-sampled", type=int, default=1024,
@@ -118,6 +132,11 @@ def main() -> None:
                    "the start-up step)")
     p.add_argument("--out", default="benchmarks/results_train_step.json")
     args = p.parse_args()
+    if args.pair not in ("live-vs-cached", "no-distill-vs-distill", "full-vs-sampled-head"):
+        parts = args.pair.split(":")
+        if not (len(parts) == 3 and parts[0] == "seq-len" and all(x.isdigit() for x in parts[1:])):
+            p.error(f"--pair {args.pair!r}: expected live-vs-cached, no-distill-vs-distill, "
+                    "full-vs-sampled-head or seq-len:A:B (e.g. seq-len:256:384)")
     if args.steps_per_round < 2:
         p.error("--steps-per-round must be >= 2")
     target = load_target(args.target)
