@@ -32,6 +32,10 @@ def test_curve_in_segments_resumes_and_plots(tmp_path):
     bad = subprocess.run([sys.executable, SCRIPT, *common, "--extra_validation=x/y=c:0:1"],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert bad.returncode != 0 and "expected NAME=CORPUS:A:B" in bad.stderr
+    bad_tv = subprocess.run([sys.executable, SCRIPT, *common,
+                             f"--extra_validation=x={corpus}:2:3@hot"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert bad_tv.returncode != 0 and "T_v > 0" in bad_tv.stderr
     assert not wd.exists()  # refused before the trainer's setup wrote anything
     # a second held-out set (here the training shard 1: not held out, so refused) ...
     leak = subprocess.run([sys.executable, SCRIPT, *common, "--budget_cpu_s=0.001",
@@ -39,13 +43,17 @@ def test_curve_in_segments_resumes_and_plots(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert leak.returncode != 0 and "held-out shards must come after" in leak.stderr
     # ... and a held-out one, scored into every row under its name (here the main held-out
-    # shard again: the same anchors give the same numbers)
-    _run(*common, "--budget_cpu_s=0.001", f"--extra_validation=last={corpus}:2:3")
+    # shard again: the same anchors give the same numbers), and the same shard at T_v = 0.7
+    _run(*common, "--budget_cpu_s=0.001", f"--extra_validation=last={corpus}:2:3",
+         f"--extra_validation=cool={corpus}:2:3@0.7")
     rows = [json.loads(x) for x in open(wd / "budget_curve.jsonl")]
     assert [r["step"] for r in rows] == [0, 2]
     for r in rows:
         assert r["last/al_estimate"] == r["al_estimate"]
         assert r["last/greedy_accepted"] == r["greedy_accepted"]
+        # another T_v: other acceptance, the same drafts (greedy agreement needs no T_v)
+        assert r["cool/al_estimate"] != r["al_estimate"]
+        assert r["cool/greedy_accepted"] == r["greedy_accepted"]
     # a flagship leg (experiments/flagship/train_k1.sh) is recorded only once it finished
     keep = tmp_path / "keep"
     (wd / "leg.json").write_text(json.dumps({"leg": 1, "init": "random", "steps": 6}))

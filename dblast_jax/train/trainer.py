@@ -710,10 +710,15 @@ class Trainer:
 
     # -- evaluation and export
     def evaluate(self, data: Any, num_batches: int = 4, seed: int = 1234,
-                 step: Optional[int] = None) -> dict[str, Any]:
+                 step: Optional[int] = None,
+                 verify_temperature: Optional[float] = None) -> dict[str, Any]:
         """Mean metrics over `num_batches` batches of `data` (anything `Trainer` accepts
-        as data, read from its start) with fixed anchors from `seed`; no update."""
-        cfg = self.config
+        as data, read from its start) with fixed anchors from `seed`; no update.
+        verify_temperature: score acceptance at this T_v instead of the config's (a source
+        made for it, e.g. `validation.make_validation_source(config.replace(
+        verify_temperature=T), ...)`; its eval step is compiled once more)."""
+        cfg = self.config if verify_temperature is None else self.config.replace(
+            verify_temperature=float(verify_temperature))
         batcher = _make_batcher(data, cfg, self.target_config, self.rows)
         step = int(self.state.step) if step is None else step
 

@@ -38,10 +38,12 @@ flags.DEFINE_integer("max_steps", 100000, "the schedule's length (num_steps)")
 flags.DEFINE_string("validation_data", "corpora/smollm2_t1", "held-out corpus")
 flags.DEFINE_string("validation_shards", "68:72", "held-out shard range A:B")
 flags.DEFINE_integer("validation_batches", 16, "held-out batches (fixed anchors)")
-flags.DEFINE_multi_string("extra_validation", [], "NAME=CORPUS:A:B: another held-out set "
-                          "scored with the main one (same T_v); its numbers go into each row "
+flags.DEFINE_multi_string("extra_validation", [], "NAME=CORPUS:A:B[@T_v]: another held-out "
+                          "set scored with the main one (at the config's T_v, or at @T_v: the "
+                          "corpus must store log-probs there); its numbers go into each row "
                           "as NAME/al_estimate, NAME/greedy_accepted, ... (e.g. "
-                          "greedy=corpora/smollm2_t0_heldout:0:4: agreement with greedy text)")
+                          "greedy=corpora/smollm2_t0_heldout:0:4: agreement with greedy text; "
+                          "hot=corpora/smollm2_t1:68:72@1.5: the held-out set at T_v = 1.5)")
 flags.DEFINE_list("plot", [], "workdirs to plot instead of training (NAME=DIR or DIR)")
 flags.DEFINE_string("out", "budget_curve.png", "plot file (with --plot)")
 flags.DEFINE_list("compare", [], "BASE,OTHER (workdirs or .jsonl, NAME=... allowed): a "
@@ -86,12 +88,18 @@ def train_curve() -> None:
     extra_specs = {}  # checked before the trainer's (slow) setup
     for spec in FLAGS.extra_validation:
         name, sep, where = spec.partition("=")
+        where, at, tv = where.partition("@")
         parts = where.rsplit(":", 2)
+        try:
+            tv = float(tv) if at else None
+        except ValueError:
+            tv = float("nan")
         if (not sep or not name or "/" in name or name in extra_specs or len(parts) != 3
-                or not all(p.isdigit() for p in parts[1:])):
-            raise app.UsageError(f"--extra_validation={spec!r}: expected NAME=CORPUS:A:B "
-                                 "(a new NAME without '/')")
-        extra_specs[name] = (parts[0], f"{parts[1]}:{parts[2]}")
+                or not all(p.isdigit() for p in parts[1:])
+                or (tv is not None and not 0 < tv < float("inf"))):
+            raise app.UsageError(f"--extra_validation={spec!r}: expected NAME=CORPUS:A:B or "
+                                 "NAME=CORPUS:A:B@T_v (a new NAME without '/', T_v > 0)")
+        extra_specs[name] = (parts[0], f"{parts[1]}:{parts[2]}", tv)
     overrides = list(FLAGS.override) + [
         f"num_steps={FLAGS.max_steps}",
         f"checkpoint_every={FLAGS.checkpoint_every or FLAGS.segment_steps}",
@@ -104,9 +112,9 @@ def train_curve() -> None:
     held_out = V.make_validation_source(cfg, trainer.target_config,
                                         data=FLAGS.validation_data,
                                         shards=FLAGS.validation_shards)
-    extra = {name: V.make_validation_source(cfg, trainer.target_config, data=data,
-                                            shards=shards)
-             for name, (data, shards) in extra_specs.items()}
+    extra = {name: (V.make_validation_source(
+        cfg if tv is None else cfg.replace(verify_temperature=tv), trainer.target_config,
+        data=data, shards=shards), tv) for name, (data, shards, tv) in extra_specs.items()}
     rows = read_curve(FLAGS.workdir)
     cpu = rows[-1]["cpu_s"] if rows else 0.0
     if rows and rows[-1]["step"] != trainer.start_step:
@@ -122,8 +130,9 @@ def train_curve() -> None:
         row = {"step": step, "cpu_s": cpu, "segment_cpu_s": seg_cpu,
                "setup_cpu_s": setup_cpu, "time": time.time(),
                **{k: m[k] for k in keep if k in m}}
-        for name, source in extra.items():
-            e = trainer.evaluate(source, FLAGS.validation_batches, step=step)
+        for name, (source, tv) in extra.items():
+            e = trainer.evaluate(source, FLAGS.validation_batches, step=step,
+                                 verify_temperature=tv)
             row.update({f"{name}/{k}": e[k] for k in keep if k in e})
         row["validation_cpu_s"] = time.process_time() - t
         _append(FLAGS.workdir, row)

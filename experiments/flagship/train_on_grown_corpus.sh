@@ -2,8 +2,9 @@
 # The next flagship K = 1 leg (train_k1.sh) on as much of the grown corpus as is finished:
 # the 68 training shards of corpora/smollm2_t1 followed by every complete pass (68 shards:
 # one more answer to each training prompt) of runs/corpora/smollm2_t1_more, merged with the
-# records whose prompt repeats a held-out prompt left out. Greedy agreement on the greedy
-# held-out answers is scored beside the sampled held-out set at every segment.
+# records whose prompt repeats a held-out prompt left out. The held-out shards at T_v = 1.5
+# and greedy agreement on the greedy held-out answers are scored beside the main held-out
+# set (T_v = 1.0) at every segment.
 #
 #     bash experiments/flagship/train_on_grown_corpus.sh   # start, or resume, the next leg
 #     STEPS=10000 bash experiments/flagship/train_on_grown_corpus.sh
@@ -19,10 +20,14 @@
 set -eu
 cd "$(dirname "$0")/../.."
 KEEP=experiments/flagship/k1
+# scored beside the main held-out set (T_v = 1.0) at every segment: the same shards at
+# T_v = 1.5, and greedy agreement on the greedy held-out answers
+HELD_OUT=(--extra_validation=hot=corpora/smollm2_t1:68:72@1.5
+          --extra_validation=greedy=corpora/smollm2_t0_heldout:0:4)
 LEG=$(( $( [ -f $KEEP/legs.jsonl ] && wc -l < $KEEP/legs.jsonl || echo 0 ) + 1 ))
 if [ -f runs/flagship/k1_leg$LEG/leg.json ]; then
   echo "resuming leg $LEG on $(python -c "import json; print(json.load(open('runs/flagship/k1_leg$LEG/leg.json'))['data'])")"
-  exec bash experiments/flagship/train_k1.sh --extra_validation=greedy=corpora/smollm2_t0_heldout:0:4
+  exec bash experiments/flagship/train_k1.sh "${HELD_OUT[@]}"
 fi
 MORE=runs/corpora/smollm2_t1_more
 DONE=$(python -c "
@@ -47,4 +52,4 @@ echo "leg $LEG: merging corpora/smollm2_t1:0:68 + $MORE:0:$(( 68 * PASSES )) int
 dblast data merge --out $DATA corpora/smollm2_t1:0:68 $MORE:0:$(( 68 * PASSES )) \
     --exclude-prompts-of corpora/smollm2_t1:68:72
 export DATA DATA_SHARDS=0 STEPS=${STEPS:-20000} SEGMENT=${SEGMENT:-2000} SEQ_LEN=${SEQ_LEN:-384}
-exec bash experiments/flagship/train_k1.sh --extra_validation=greedy=corpora/smollm2_t0_heldout:0:4
+exec bash experiments/flagship/train_k1.sh "${HELD_OUT[@]}"
