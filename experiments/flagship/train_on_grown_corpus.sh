@@ -21,13 +21,17 @@ set -eu
 cd "$(dirname "$0")/../.."
 KEEP=experiments/flagship/k1
 # scored beside the main held-out set (T_v = 1.0) at every segment: the same shards at
-# T_v = 1.5, and greedy agreement on the greedy held-out answers
-HELD_OUT=(--extra_validation=hot=corpora/smollm2_t1:68:72@1.5
-          --extra_validation=greedy=corpora/smollm2_t0_heldout:0:4)
+# T_v = 1.5, and greedy agreement on the greedy held-out answers. The feature cache is kept
+# in bfloat16: at 384 tokens and five taps a record's taps are 4.4 MB in float32, and the
+# caches of the x2 and x4 corpora (the second starts from the first's rows) would not fit
+# on this machine's disk together (~19 + ~57 GB); in bfloat16 they take ~10 + ~29 GB.
+EXTRA=(--extra_validation=hot=corpora/smollm2_t1:68:72@1.5
+       --extra_validation=greedy=corpora/smollm2_t0_heldout:0:4
+       --override=feature_cache_dtype=bfloat16)
 LEG=$(( $( [ -f $KEEP/legs.jsonl ] && wc -l < $KEEP/legs.jsonl || echo 0 ) + 1 ))
 if [ -f runs/flagship/k1_leg$LEG/leg.json ]; then
   echo "resuming leg $LEG on $(python -c "import json; print(json.load(open('runs/flagship/k1_leg$LEG/leg.json'))['data'])")"
-  exec bash experiments/flagship/train_k1.sh "${HELD_OUT[@]}"
+  exec bash experiments/flagship/train_k1.sh "${EXTRA[@]}"
 fi
 MORE=runs/corpora/smollm2_t1_more
 DONE=$(python -c "
@@ -52,4 +56,4 @@ echo "leg $LEG: merging corpora/smollm2_t1:0:68 + $MORE:0:$(( 68 * PASSES )) int
 dblast data merge --out $DATA corpora/smollm2_t1:0:68 $MORE:0:$(( 68 * PASSES )) \
     --exclude-prompts-of corpora/smollm2_t1:68:72
 export DATA DATA_SHARDS=0 STEPS=${STEPS:-20000} SEGMENT=${SEGMENT:-2000} SEQ_LEN=${SEQ_LEN:-384}
-exec bash experiments/flagship/train_k1.sh "${HELD_OUT[@]}"
+exec bash experiments/flagship/train_k1.sh "${EXTRA[@]}"
