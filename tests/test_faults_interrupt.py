@@ -24,9 +24,13 @@ def _interrupt(argv, ready, timeout=240):
     stderr). Fails when the command ends before it could be interrupted."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_DEFAULT_MATMUL_PRECISION="highest")
     env.pop("DBLAST_DEBUG", None)
+    # a test run started in the background by a shell (`pytest ... &`, nohup) inherits
+    # SIGINT ignored, and Python then keeps ignoring it: give the program the default
+    # handling a terminal's Ctrl-C meets
     proc = subprocess.Popen([sys.executable, "-m", "dblast_jax.cli", *argv], cwd=REPO_ROOT,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + timeout
         while not ready():
