@@ -47,7 +47,7 @@ INIT=pretrained/smollm2-135m-instruct/smollm2-dflash-k1
 mkdir -p $WORK  # the leg's settings, fixed at its start so that a resume keeps them
 [ -f $WORK/leg.json ] || printf '{"leg": %d, "init": "%s", "steps": %d, "data": "%s", "data_shards": %d, "seq_len": %d}\n' \
     $LEG "$INIT" ${STEPS:-3000} "${DATA:-corpora/smollm2_t1}" ${DATA_SHARDS:-68} ${SEQ_LEN:-256} > $WORK/leg.json
-leg() { python -c "import json; print(json.load(open('$WORK/leg.json')).get('$1', '$2'))"; }
+leg() { python -c "import json; print(json.load(open('$WORK/leg.json')).get('$1', '${2-}'))"; }
 STEPS=$(leg steps) INIT=$(leg init) DATA=$(leg data corpora/smollm2_t1)
 DATA_SHARDS=$(leg data_shards 68) SEQ_LEN=$(leg seq_len 256)
 nice -n 10 python experiments/budget/budget_curve.py --experiment=smollm2_k1_al \
