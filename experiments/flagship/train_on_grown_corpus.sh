@@ -29,6 +29,7 @@ EXTRA=(--extra_validation=hot=corpora/smollm2_t1:68:72@1.5
        --extra_validation=greedy=corpora/smollm2_t0_heldout:0:4
        --override=feature_cache_dtype=bfloat16)
 LEG=$(( $( [ -f $KEEP/legs.jsonl ] && wc -l < $KEEP/legs.jsonl || echo 0 ) + 1 ))
+export SEGMENT=${SEGMENT:-2000}  # held-out scoring every SEGMENT steps (not in leg.json)
 if [ -f runs/flagship/k1_leg$LEG/leg.json ]; then
   echo "resuming leg $LEG on $(python -c "import json; print(json.load(open('runs/flagship/k1_leg$LEG/leg.json'))['data'])")"
   exec bash experiments/flagship/train_k1.sh "${EXTRA[@]}"
@@ -55,5 +56,5 @@ DATA=runs/corpora/smollm2_t1_x$(( PASSES + 1 ))
 echo "leg $LEG: merging corpora/smollm2_t1:0:68 + $MORE:0:$(( 68 * PASSES )) into $DATA"
 dblast data merge --out $DATA corpora/smollm2_t1:0:68 $MORE:0:$(( 68 * PASSES )) \
     --exclude-prompts-of corpora/smollm2_t1:68:72
-export DATA DATA_SHARDS=0 STEPS=${STEPS:-20000} SEGMENT=${SEGMENT:-2000} SEQ_LEN=${SEQ_LEN:-384}
+export DATA DATA_SHARDS=0 STEPS=${STEPS:-20000} SEQ_LEN=${SEQ_LEN:-384}
 exec bash experiments/flagship/train_k1.sh "${EXTRA[@]}"
