@@ -88,8 +88,8 @@ class RegenConfig:
     system: Optional[str] = None  # optional system message for text prompts
     pad_multiple: int = 64  # prompt / sequence widths are rounded up to this (fewer compiles)
     # rows per LM-head block of `teacher_forced`. Regeneration scores in its generation
-    # loop since 2026-12 and no longer reads this; it stays a setting so that corpora made
-    # before keep their identity (a resumed run compares settings)
+    # loop and no longer reads this; it stays a setting so that corpora made with the
+    # teacher-forced pass keep their identity (a resumed run compares settings)
     logprob_rows: int = 512
 
     def __post_init__(self):
