@@ -19,8 +19,7 @@ never read for records they were not computed from; an interrupted build resumes
 `done`. A new subfolder starts from the rows of a sibling whose records are a prefix of
 its own (a grown corpus: the original shards first, then the new ones), so only the new
 records cost a target pass. Records are those of the source in index order (the trainer's
-input pipeline,
-`data/pipeline.py`, picks indices into the same source).
+input pipeline, `data/pipeline.py`, picks indices into the same source).
 
 The cache folder must be local (or a gcsfuse mount): the taps are read through
 `np.load(mmap_mode=...)`, and memory maps need a real file. A `gs://` folder is refused
