@@ -11,6 +11,7 @@ the jitted on-device loops (`sampler`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 import time
@@ -186,28 +187,36 @@ def prompt_bucket(width: int) -> int:
     return 16 if width <= 64 else 64 if width <= 512 else 256
 
 
-# Signatures (call kind, configs, shapes, dtypes) already run in this process: `warmup`
-# skips the extra run for them, so an evaluation over many prompts compiles each shape
-# once instead of generating every answer twice.
-_RAN_SIGNATURES: set = set()
+# Executables compiled ahead of time by `warmup`, keyed by the jitted function, its static
+# arguments and every argument leaf's shape, dtype and sharding: an evaluation over many
+# prompts compiles each shape once, and a timed call runs the executable directly.
+_COMPILED: dict = {}
 
 
-def _signature(*parts: Any) -> tuple:
-    return tuple((tuple(x.shape), str(x.dtype)) if hasattr(x, "shape") else x for x in parts)
+def _leaf_key(x: Any) -> tuple:
+    return (tuple(x.shape), str(x.dtype), str(getattr(x, "sharding", None)))
 
 
-def _timed(call, warmup: bool, signature: Optional[tuple] = None):
-    """Run `call` (once before as well, to exclude compilation, when `warmup` and the
-    signature has not run yet in this process); outputs as numpy."""
+def _timed(fn, args: tuple, static: dict, warmup: bool):
+    """Run the jitted `fn(*args, **static)`; outputs as numpy, and a timing dict.
+
+    With `warmup` the call is compiled ahead of time (`lower().compile()`, no execution:
+    a new shape costs one compile instead of one compile plus a whole extra generation)
+    and `seconds` times the compiled executable alone. Without it `seconds` includes
+    whatever compilation the call needs."""
     compile_s = 0.0
-    if warmup and (signature is None or signature not in _RAN_SIGNATURES):
-        t0 = time.perf_counter()
-        jax.block_until_ready(call())
-        compile_s = time.perf_counter() - t0
-    if signature is not None:
-        _RAN_SIGNATURES.add(signature)
+    if warmup:
+        leaves, tree = jax.tree.flatten(args)
+        key = (fn, tuple(sorted(static.items())), tree, tuple(map(_leaf_key, leaves)))
+        run = _COMPILED.get(key)
+        if run is None:
+            t0 = time.perf_counter()
+            run = _COMPILED[key] = fn.lower(*args, **static).compile()
+            compile_s = time.perf_counter() - t0
+    else:
+        run = functools.partial(fn, **static)
     t0 = time.perf_counter()
-    outputs = jax.block_until_ready(call())
+    outputs = jax.block_until_ready(run(*args))
     seconds = time.perf_counter() - t0
     outputs = [np.asarray(x) for x in outputs]
     new_tokens = int(outputs[1].sum())
@@ -220,18 +229,16 @@ def generate(target: Target, prompts: Sequence[Prompt], sampling: SamplingConfig
              rng: jax.Array | int = 0, chat: bool = True, warmup: bool = False) -> GenerationResult:
     """Plain sampling from the target. `timing` separates compile from generation.
 
-    With `warmup=True` the jitted call is run once first (unless a call of the same
-    shapes already ran in this process), so `timing['seconds']` measures generation alone
+    With `warmup=True` the call is compiled first (once per shapes in this process, without
+    running it), so `timing['seconds']` measures generation alone
     (what benchmarks want). A target placed on a mesh (`on_mesh`) generates there, the
     batch split over the data axis; the tokens equal a one-device run's.
     """
     rng, sampling, tokens, lengths, cache_size = _prepare(target, prompts, sampling, rng, chat)
     tokens, lengths = _place_batch(mesh_of(target.params), tokens, lengths)
     (out, counts), timing = _timed(
-        lambda: generate_tokens(target.params, tokens, lengths, rng, config=target.config,
-                                sampling=sampling, cache_size=cache_size), warmup,
-        _signature("plain", target.config, sampling, cache_size, tokens,
-                   jax.tree.leaves(target.params)[0]))
+        generate_tokens, (target.params, tokens, lengths, rng),
+        dict(config=target.config, sampling=sampling, cache_size=cache_size), warmup)
     toks = _trim(out, counts)
     return GenerationResult(toks, decode_outputs(target, toks), timing)
 
@@ -596,11 +603,9 @@ def speculative_generate(target: Target, drafter: Drafter, prompts: Sequence[Pro
         drafter = drafter if mesh_of(drafter.params) else on_mesh(drafter, mesh)
     tokens, lengths = _place_batch(mesh, tokens, lengths)
     (out, counts, accepted, expected), timing = _timed(
-        lambda: speculative_generate_tokens(
-            target.params, drafter.params, tokens, lengths, rng, target_config=target.config,
-            drafter_config=drafter.config, sampling=sampling, cache_size=cache_size), warmup,
-        _signature("speculative", target.config, drafter.config, sampling, cache_size, tokens,
-                   jax.tree.leaves(target.params)[0], *jax.tree.leaves(drafter.params)[:1]))
+        speculative_generate_tokens, (target.params, drafter.params, tokens, lengths, rng),
+        dict(target_config=target.config, drafter_config=drafter.config, sampling=sampling,
+             cache_size=cache_size), warmup)
     toks = _trim(out, counts)
     stats = acceptance_stats(accepted, expected, drafter.config.block_size)
     return GenerationResult(toks, decode_outputs(target, toks), timing, stats)

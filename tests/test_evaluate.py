@@ -215,6 +215,10 @@ def test_launcher_on_the_real_benchmarks(tmp_path):
     its ~40 s compile)."""
     import subprocess
     import sys
+
+    from dblast_jax.io import fetch
+    for name in ("smollm2-135m-instruct", "gsm8k", "mt-bench"):  # runnable on its own
+        fetch.fetch(fetch.lookup(name))
     out = tmp_path / "eval"
     cmd = [sys.executable, "launch/evaluate.py", "--model=tiny-smollm2", "--drafter=rand=random",
            "--drafter=rand4=random-k2", "--baseline=rand", "--benchmarks=gsm8k,mt-bench", "--temperatures=1.0",

@@ -102,18 +102,28 @@ def test_cli_eval_needs_named_drafters(capsys):
     assert "NAME=FOLDER" in capsys.readouterr().err
 
 
-def test_warmup_runs_once_per_compiled_shape():
-    """An evaluation over many prompts compiles each padded shape once: warmup (an extra
-    untimed run) happens only the first time a signature is seen."""
+def test_warmup_compiles_once_per_shape_and_matches_an_unwarmed_call():
+    """An evaluation over many prompts compiles each padded shape once, ahead of time (no
+    extra untimed generation), and the compiled executable gives the tokens a plain jitted
+    call gives, for plain, trained-drafter and n-gram speculative generation."""
     import dblast_jax.generation as gen
     target = gen.load_target("tiny-llama", seed=5)
     # settings no other test uses, so no earlier test compiled this signature
     sampling = dj.SamplingConfig(temperature=0.9, top_k=13, max_new_tokens=4)
     first = gen.generate(target, [[5, 6, 7]], sampling, rng=1, warmup=True)
-    # another prompt in the same length bucket: same shapes, no second warmup
+    # another prompt in the same length bucket: same shapes, no second compile
     second = gen.generate(target, [[9, 8, 7, 6]], sampling, rng=2, warmup=True)
     other = gen.generate(target, [list(range(1, 40))], sampling, rng=3, warmup=True)
     assert first.timing["warmup_seconds"] > 0
     assert second.timing["warmup_seconds"] == 0.0
-    assert other.timing["warmup_seconds"] > 0  # a new bucket compiles (and warms) again
+    assert other.timing["warmup_seconds"] > 0  # a new bucket compiles again
+    assert second.tokens == gen.generate(target, [[9, 8, 7, 6]], sampling, rng=2).tokens
+    drafters = [init_drafter(target, dj.DrafterConfig.for_target(
+        target.config, block_size=4, num_categories=2)), gen.ngram_drafter(block_size=4, max_n=3)]
+    for drafter in drafters:
+        runs = [speculative_generate(target, drafter, [[5, 6, 7, 5, 6]], sampling, rng=4,
+                                     warmup=w) for w in (True, True, False)]
+        assert runs[0].timing["warmup_seconds"] > 0 and runs[1].timing["warmup_seconds"] == 0
+        assert runs[0].tokens == runs[1].tokens == runs[2].tokens
+        assert runs[0].stats["tau"] == runs[2].stats["tau"]
     assert [gen.prompt_bucket(n) for n in (1, 64, 65, 512, 513)] == [16, 16, 64, 64, 256]
