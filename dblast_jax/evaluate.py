@@ -628,7 +628,8 @@ def _run_evaluation(target, drafters: Mapping[str, Any], *,
 
     `prompt_sets` (name -> items) replaces loading `benchmarks` by name; an item is a
     `Prompt`, a message list or a token-id list (ids are the item indices). `warmup`
-    runs each jitted call once before timing it (tokens/s then excludes compilation).
+    compiles each jitted call's shapes ahead of time, once per process (tokens/s then
+    excludes compilation, and no answer is generated twice).
     `tensorboard` also writes the tables' numbers to out_dir/tensorboard
     (`write_scalar_summary`). Returns the results.json object (meta, cells, tables).
     """
