@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The next flagship K = 1 leg (train_k1.sh) on as much of the grown corpus as is finished:
-# the 68 training shards of corpora/smollm2_t1 followed by every complete pass (68 shards:
-# one more answer to each training prompt) of runs/corpora/smollm2_t1_more, merged with the
-# records whose prompt repeats a held-out prompt left out. The held-out shards at T_v = 1.5
-# and greedy agreement on the greedy held-out answers are scored beside the main held-out
-# set (T_v = 1.0) at every segment.
+# the 68 training shards of corpora/smollm2_t1, then the 68 training shards of the greedy
+# corpus corpora/smollm2_t0 (the same prompts answered at T = 0) once all are written,
+# then every complete pass (68 shards: one more T = 1.0 answer to each training prompt) of
+# runs/corpora/smollm2_t1_more where one exists, merged with the records whose prompt
+# repeats a held-out prompt left out. The held-out shards at T_v = 1.5 and greedy agreement
+# on the greedy held-out answers are scored beside the main held-out set (T_v = 1.0) at
+# every segment.
 #
 #     bash experiments/flagship/train_on_grown_corpus.sh   # start, or resume, the next leg
 #     STEPS=10000 bash experiments/flagship/train_on_grown_corpus.sh
@@ -13,10 +15,17 @@
 # the answers' tokens instead of 68%: more distinct anchors from the same corpus, for a
 # drafter that memorised its data.
 #
+# Why the greedy corpus comes first: it is committed (corpora/), so a leg that starts on a
+# fresh machine needs nothing but a merge, whereas the sampled passes live in runs/ (30 MB
+# would push the tracked tree past what a device call carries) and are lost with it; and
+# greedy answers are what verification at T = 0 accepts, where prompt lookup beats the
+# drafters today. The distillation term still teaches the target's whole top-64 at every
+# position of them.
+#
 # A leg keeps the corpus it started on (its leg.json), so a killed leg resumes on the same
-# data; the next leg takes the passes finished by then. The merged folders are named by
-# the answers per prompt they hold (smollm2_t1_x2 ... _x4); each is a prefix of the next, so
-# the feature cache of a bigger one starts from the rows of the smaller (feature_cache.py).
+# data; the next leg takes what is finished by then. The merged folders are named by what
+# they hold (smollm2_t1_t0, smollm2_t1_t0_more2, ...); each is a prefix of the next, so the
+# feature cache of a bigger one starts from the rows of the smaller (feature_cache.py).
 set -eu
 cd "$(dirname "$0")/../.."
 KEEP=experiments/flagship/k1
@@ -34,27 +43,38 @@ if [ -f runs/flagship/k1_leg$LEG/leg.json ]; then
   echo "resuming leg $LEG on $(python -c "import json; print(json.load(open('runs/flagship/k1_leg$LEG/leg.json'))['data'])")"
   exec bash experiments/flagship/train_k1.sh "${EXTRA[@]}"
 fi
-MORE=runs/corpora/smollm2_t1_more
-DONE=$(python -c "
+# finished shards 0 .. n-1 of a corpus folder (0 when it has no manifest yet)
+finished() { python -c "
 import json, sys
 try:
-    m = json.load(open('$MORE/manifest.json'))
+    m = json.load(open('$1/manifest.json'))
 except OSError:
     print(0); sys.exit()
 done = {s['index'] for s in m['shards']}
 n = 0
 while n in done:
     n += 1
-print(n)")
-PASSES=$(( DONE / 68 ))
+print(n)"; }
+GREEDY=corpora/smollm2_t0
+MORE=runs/corpora/smollm2_t1_more
+SOURCES=(corpora/smollm2_t1:0:68)
+DATA=runs/corpora/smollm2_t1
+GDONE=$(finished $GREEDY)
+if [ $GDONE -ge 68 ]; then
+  SOURCES+=($GREEDY:0:68) DATA+=_t0
+fi
+PASSES=$(( $(finished $MORE) / 68 ))
 [ $PASSES -ge 3 ] && PASSES=3
-if [ $PASSES -eq 0 ]; then
-  echo "no complete pass of $MORE yet ($DONE of 68 shards): run experiments/flagship/grow_sampled_corpus.sh" >&2
+if [ $PASSES -gt 0 ]; then
+  SOURCES+=($MORE:0:$(( 68 * PASSES ))) DATA+=_more$PASSES
+fi
+if [ ${#SOURCES[@]} -eq 1 ]; then
+  echo "nothing grown yet: $GREEDY has $GDONE of 68 training shards (run" \
+       "experiments/flagship/regenerate_greedy_corpus.sh), $MORE no complete pass" \
+       "(experiments/flagship/grow_sampled_corpus.sh)" >&2
   exit 1
 fi
-DATA=runs/corpora/smollm2_t1_x$(( PASSES + 1 ))
-echo "leg $LEG: merging corpora/smollm2_t1:0:68 + $MORE:0:$(( 68 * PASSES )) into $DATA"
-dblast data merge --out $DATA corpora/smollm2_t1:0:68 $MORE:0:$(( 68 * PASSES )) \
-    --exclude-prompts-of corpora/smollm2_t1:68:72
+echo "leg $LEG: merging ${SOURCES[*]} into $DATA"
+dblast data merge --out $DATA "${SOURCES[@]}" --exclude-prompts-of corpora/smollm2_t1:68:72
 export DATA DATA_SHARDS=0 STEPS=${STEPS:-20000} SEQ_LEN=${SEQ_LEN:-384}
 exec bash experiments/flagship/train_k1.sh "${EXTRA[@]}"
