@@ -45,11 +45,16 @@ def test_generation_on_mesh_equals_one_device(mesh, temperature=1.0):
                                    sampling.replace(verify_mode="mixture"), rng=5)
     on = dj.on_mesh(target, mesh)
     assert dj.generate(on, PROMPTS, sampling, rng=5).tokens == plain.tokens
+    # compiled ahead of time for the placed arguments (`warmup`), the same tokens
+    assert dj.generate(on, PROMPTS, sampling, rng=5, warmup=True).tokens == plain.tokens
     # both placed, or only the target (the drafter follows it onto the mesh)
     for d in (dj.on_mesh(drafter, mesh), drafter):
         got = dj.speculative_generate(on, d, PROMPTS, sampling.replace(verify_mode="mixture"),
                                       rng=5)
         assert got.tokens == spec.tokens
+        warm = dj.speculative_generate(on, d, PROMPTS, sampling.replace(verify_mode="mixture"),
+                                       rng=5, warmup=True)
+        assert warm.tokens == spec.tokens
         np.testing.assert_allclose(got.stats["tau_expected"], spec.stats["tau_expected"],
                                    rtol=1e-5)
 
