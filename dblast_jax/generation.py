@@ -229,7 +229,7 @@ def generate(target: Target, prompts: Sequence[Prompt], sampling: SamplingConfig
              rng: jax.Array | int = 0, chat: bool = True, warmup: bool = False) -> GenerationResult:
     """Plain sampling from the target. `timing` separates compile from generation.
 
-    With `warmup=True` the call is compiled first (once per shapes in this process, without
+    With `warmup=True` the call is compiled first (once per set of shapes in this process, without
     running it), so `timing['seconds']` measures generation alone
     (what benchmarks want). A target placed on a mesh (`on_mesh`) generates there, the
     batch split over the data axis; the tokens equal a one-device run's.
