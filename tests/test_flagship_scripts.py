@@ -49,12 +49,14 @@ def test_nothing_grown_yet_is_refused_with_what_to_run(tmp_path):
     assert "7 of 68" in done.stderr and "regenerate_greedy_corpus.sh" in done.stderr
 
 
-@pytest.mark.parametrize("more, data, extra", [
-    (0, "runs/corpora/smollm2_t1_t0", []),
-    (150, "runs/corpora/smollm2_t1_t0_more2", ["runs/corpora/smollm2_t1_more:0:136"]),
-    (300, "runs/corpora/smollm2_t1_t0_more3", ["runs/corpora/smollm2_t1_more:0:204"]),
+@pytest.mark.parametrize("more, data, extra, steps", [
+    (0, "runs/corpora/smollm2_t1_t0", [], 8000),
+    (150, "runs/corpora/smollm2_t1_t0_more2", ["runs/corpora/smollm2_t1_more:0:136"], 8000),
+    (300, "runs/corpora/smollm2_t1_t0_more3", ["runs/corpora/smollm2_t1_more:0:204"], 20000),
 ])
-def test_the_committed_greedy_corpus_then_complete_sampled_passes(tmp_path, more, data, extra):
+def test_the_committed_greedy_corpus_then_complete_sampled_passes(tmp_path, more, data, extra,
+                                                                  steps):
+    """Short legs while sampled passes are still coming, the long one on all three."""
     _corpus(tmp_path / "corpora" / "smollm2_t0", range(72))
     if more:
         _corpus(tmp_path / "runs" / "corpora" / "smollm2_t1_more", range(more))
@@ -64,7 +66,7 @@ def test_the_committed_greedy_corpus_then_complete_sampled_passes(tmp_path, more
     assert merge.split() == ["dblast", "data", "merge", "--out", data,
                              "corpora/smollm2_t1:0:68", "corpora/smollm2_t0:0:68", *extra,
                              "--exclude-prompts-of", "corpora/smollm2_t1:68:72"]
-    assert train.startswith(f"train DATA={data} STEPS=20000 SEQ_LEN=384 SHARDS=0 ")
+    assert train.startswith(f"train DATA={data} STEPS={steps} SEQ_LEN=384 SHARDS=0 ")
     assert "--extra_validation=greedy=corpora/smollm2_t0_heldout:0:4" in train
 
 

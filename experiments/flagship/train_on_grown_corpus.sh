@@ -9,7 +9,7 @@
 # every segment.
 #
 #     bash experiments/flagship/train_on_grown_corpus.sh   # start, or resume, the next leg
-#     STEPS=10000 bash experiments/flagship/train_on_grown_corpus.sh
+#     STEPS=10000 bash experiments/flagship/train_on_grown_corpus.sh   # another length
 #
 # Records are read through a 384-token window (SEQ_LEN; legs 1-2: 256), which holds 92% of
 # the answers' tokens instead of 68%: more distinct anchors from the same corpus, for a
@@ -76,5 +76,10 @@ if [ ${#SOURCES[@]} -eq 1 ]; then
 fi
 echo "leg $LEG: merging ${SOURCES[*]} into $DATA"
 dblast data merge --out $DATA "${SOURCES[@]}" --exclude-prompts-of corpora/smollm2_t1:68:72
-export DATA DATA_SHARDS=0 STEPS=${STEPS:-20000} SEQ_LEN=${SEQ_LEN:-384}
+# A leg on a corpus that is still growing is kept short (8,000 steps): its cosine schedule
+# has annealed by the time the next sampled pass is finished, and the next leg takes that
+# pass (each leg is a warm restart from the last one's export). Once all three passes are
+# in, the leg is the long one (20,000 steps).
+[ $PASSES -ge 3 ] && LONG=20000 || LONG=8000
+export DATA DATA_SHARDS=0 STEPS=${STEPS:-$LONG} SEQ_LEN=${SEQ_LEN:-384}
 exec bash experiments/flagship/train_k1.sh "${EXTRA[@]}"
