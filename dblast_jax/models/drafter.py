@@ -67,7 +67,7 @@ from dblast_jax import sharding
 from dblast_jax.config import DrafterConfig, TargetConfig
 from dblast_jax.models import _nnx_params
 from dblast_jax.models import target as target_lib
-from dblast_jax.models.layers import DecoderLayer, RMSNorm, rope_inverse_frequencies
+from dblast_jax.models.layers import DecoderLayer, RMSNorm, RowLinear, rope_inverse_frequencies
 from dblast_jax.models._nnx_params import dtype_of as _dtype_of
 from dblast_jax.models.target import KVCache
 
@@ -215,9 +215,9 @@ class Drafter(nnx.Module):
     def __init__(self, config: DrafterConfig, rngs: nnx.Rngs, dtype=jnp.float32):
         c = config
         n_taps = len(c.target_layer_ids)
-        self.fc = nnx.Linear(n_taps * c.hidden_size, c.hidden_size, use_bias=False,
-                             dtype=dtype, param_dtype=dtype,
-                             kernel_init=nnx.initializers.normal(0.02), rngs=rngs)
+        self.fc = RowLinear(n_taps * c.hidden_size, c.hidden_size, use_bias=False,
+                            dtype=dtype, param_dtype=dtype,
+                            kernel_init=nnx.initializers.normal(0.02), rngs=rngs)
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
         self.layers = nnx.List([
             DecoderLayer(c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads,
