@@ -162,3 +162,87 @@ def test_a_grown_source_reuses_the_rows_of_its_prefix(corpus, tmp_path, teacher_
     shuffled = build(records[::-1], tmp_path / "grown")
     assert not any("reused" in s for s in logs)
     np.testing.assert_allclose(shuffled.taps(0), want.taps(36), rtol=1e-5, atol=1e-5)
+
+
+def _unscored(tmp_path):
+    from conftest import make_corpus
+    return make_corpus(tmp_path / "unscored", temps=())
+
+
+def test_cache_scores_the_tokens_of_an_unscored_corpus(tmp_path):
+    """logp.npy holds log softmax(logits / T_v) at each record's own next token, from the
+    same pass as the taps; 0 on prompt tokens (the corpus convention)."""
+    import jax.numpy as jnp
+    from dblast_jax.models import target as target_lm
+    from dblast_jax.train.objective import target_head
+    tcfg, tparams, name = tiny_target()
+    src = corpus_io.Corpus(_unscored(tmp_path), verify_temperature=1.5)
+    assert "logp" not in src[0]
+    cache = FC.build_feature_cache(src, tcfg, tparams, (1,), SEQ, tmp_path / "fc",
+                                   target_name=name, progress=False, log=lambda s: None,
+                                   head=target_head(tparams, tcfg), data_logp_temperature=1.5)
+    assert cache.logp_temperature == 1.5
+    fwd = jax.jit(lambda p, t: target_lm.forward(p, t, config=tcfg)[0])
+    for i in (0, 5, 36):
+        rec = src[i]
+        toks = np.asarray(rec["tokens"][:SEQ])
+        n = len(toks)
+        logits = np.asarray(fwd(tparams, jnp.asarray(np.pad(toks, (0, SEQ - n))[None])))[0]
+        logp = np.asarray(jax.nn.log_softmax(logits[:n - 1] / 1.5, axis=-1))
+        want = np.concatenate([[0.0], logp[np.arange(n - 1), toks[1:]]])
+        want = np.where(rec["loss_mask"][:n], want, 0.0)
+        np.testing.assert_allclose(cache.data_logp(i)[:n], want, rtol=1e-5, atol=1e-5)
+        assert not cache.data_logp(i)[n:].any()
+        cached = FC.CachedFeatureSource(src, cache)[i]
+        assert cached["logp"].shape == rec["tokens"].shape
+    # a cache without log-probs is another cache (another key), and serves none
+    plain = FC.build_feature_cache(src, tcfg, tparams, (1,), SEQ, tmp_path / "fc",
+                                   target_name=name, progress=False, log=lambda s: None)
+    assert plain.folder != cache.folder and plain.data_logp(0) is None
+    with pytest.raises(ValueError, match="needs the target's head"):
+        FC.build_feature_cache(src, tcfg, tparams, (1,), SEQ, tmp_path / "x",
+                               target_name=name, progress=False, data_logp_temperature=1.0)
+    (cache.folder / "logp.npy").write_bytes(b"not an array")
+    with pytest.raises(ValueError, match="logp.npy is unreadable"):
+        FC.FeatureCache(cache.folder)
+
+
+def test_training_on_an_unscored_corpus_equals_training_on_its_scored_copy(tmp_path):
+    """With a feature cache, an unscored corpus trains like the same records stored with
+    the log-probs the cache computed: the AL terms read the same numbers."""
+    unscored = _unscored(tmp_path)
+    got = _train(_cfg(unscored, f"feature_cache={tmp_path / 'fc'}"), tmp_path / "u")
+    assert all(np.isfinite(h["al_estimate"]) for h in got.history)
+    (sub,) = list((tmp_path / "fc").iterdir())
+    cache = FC.FeatureCache(sub)
+    assert cache.logp_temperature == 1.0
+    scored = tmp_path / "scored"
+    scored.mkdir()
+    manifest = corpus_io.read_manifest(unscored)
+    i = 0
+    for entry in manifest["shards"]:
+        a = corpus_io.read_shard(unscored / entry["file"])
+        rows = []
+        for s in range(len(a["prompt_lengths"])):
+            length = int(a["offsets"][s + 1] - a["offsets"][s])
+            row = np.zeros(length, np.float32)
+            m = min(length, SEQ)
+            row[:m] = cache.data_logp(i)[:m]
+            rows.append(row)
+            i += 1
+        a["logp_1"] = np.concatenate(rows)
+        a["entropy_1"] = np.zeros_like(a["logp_1"])
+        entry["sha256"] = corpus_io.write_shard(scored / entry["file"], a)
+    manifest["settings"]["verify_temperatures"] = [1.0]
+    corpus_io.write_manifest(scored, manifest)
+    want = _train(_cfg(scored, f"feature_cache={tmp_path / 'fc2'}"), tmp_path / "s")
+    assert len(want.history) == len(got.history) > 0
+    for a, b in zip(want.history, got.history):
+        for key in ("loss", "al_estimate", "top1_mean"):
+            np.testing.assert_allclose(b[key], a[key], rtol=1e-5, err_msg=key)
+    with pytest.raises(ValueError, match="stores no logp \\(an unscored corpus\\)"):
+        _train(_cfg(unscored, "logp_source=data", f"feature_cache={tmp_path / 'fc'}"),
+               tmp_path / "d")
+    with pytest.raises(ValueError, match="logp_source='target' has no target pass"):
+        _train(_cfg(unscored, "logp_source=target", f"feature_cache={tmp_path / 'fc'}"),
+               tmp_path / "t")

@@ -51,15 +51,17 @@ def test_nothing_grown_yet_is_refused_with_what_to_run(tmp_path):
 
 @pytest.mark.parametrize("more, data, extra, steps", [
     (0, "runs/corpora/smollm2_t1_t0", [], 8000),
-    (150, "runs/corpora/smollm2_t1_t0_more2", ["runs/corpora/smollm2_t1_more:0:136"], 8000),
-    (300, "runs/corpora/smollm2_t1_t0_more3", ["runs/corpora/smollm2_t1_more:0:204"], 20000),
+    (67, "runs/corpora/smollm2_t1_t0", [], 8000),
+    (100, "runs/corpora/smollm2_t1_t0_more1", ["corpora/smollm2_t1_more:0:68"], 8000),
+    (150, "runs/corpora/smollm2_t1_t0_more2", ["corpora/smollm2_t1_more:0:136"], 8000),
+    (300, "runs/corpora/smollm2_t1_t0_more3", ["corpora/smollm2_t1_more:0:204"], 20000),
 ])
 def test_the_committed_greedy_corpus_then_complete_sampled_passes(tmp_path, more, data, extra,
                                                                   steps):
     """Short legs while sampled passes are still coming, the long one on all three."""
     _corpus(tmp_path / "corpora" / "smollm2_t0", range(72))
     if more:
-        _corpus(tmp_path / "runs" / "corpora" / "smollm2_t1_more", range(more))
+        _corpus(tmp_path / "corpora" / "smollm2_t1_more", range(more))
     done, calls = _run(tmp_path)
     assert done.returncode == 0, done.stderr
     merge, train = calls

@@ -1,4 +1,4 @@
-"""The `dblast data fetch | regenerate | merge | tfds | stats` subcommands.
+"""The `dblast data fetch | regenerate | merge | drop-scores | tfds | stats` subcommands.
 
 Wired into dblast_jax.cli by `add_data_subcommands`; the same functions back
 `launch/make_data.py`."""
@@ -23,9 +23,8 @@ from dblast_jax.errors import UnknownNameError, int_arg, parse_finite
 from dblast_jax.io.fetch import ChecksumError, FetchError
 from dblast_jax.io.output_folder import check_output_folder
 
-__all__ = ["add_data_subcommands", "cmd_data_fetch", "cmd_data_merge", "cmd_data_regenerate",
-           "cmd_data_stats", "cmd_data_tfds",
-           "run_regenerate"]
+__all__ = ["add_data_subcommands", "cmd_data_drop_scores", "cmd_data_fetch", "cmd_data_merge",
+           "cmd_data_regenerate", "cmd_data_stats", "cmd_data_tfds", "run_regenerate"]
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -36,6 +35,11 @@ def _floats(text: str) -> tuple[float, ...]:
     except ValueError as e:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers >= 0, got {text!r} "
                                          f"({str(e).removeprefix('value: ')})") from None
+
+
+def _floats_or_none(text: str) -> tuple[float, ...]:
+    """`_floats`, or () for "none"."""
+    return () if str(text).strip().lower() == "none" else _floats(text)
 
 
 def _top_p(text: str) -> float:
@@ -149,6 +153,12 @@ def cmd_data_merge(args) -> int:
     return 0
 
 
+def cmd_data_drop_scores(args) -> int:
+    from dblast_jax.data.drop_scores import drop_scores
+    drop_scores(args.corpus, args.out)
+    return 0
+
+
 def cmd_data_stats(args) -> int:
     s = corpus_stats(args.corpus, verify=not args.no_verify)
     print(json.dumps(s, indent=1) if args.json else format_stats(s))
@@ -175,7 +185,7 @@ def cmd_data_tfds(args) -> int:
 
 
 def add_data_subcommands(subparsers) -> argparse.ArgumentParser:
-    """Add `data {fetch,regenerate,merge,tfds,stats}` to a `dblast` subparsers object."""
+    """Add `data {fetch,regenerate,merge,drop-scores,tfds,stats}` to a `dblast` subparsers object."""
     data = subparsers.add_parser("data", help="prompt sets, corpus regeneration, corpus stats")
     sub = data.add_subparsers(dest="data_command", required=True)
 
@@ -195,8 +205,10 @@ def add_data_subcommands(subparsers) -> argparse.ArgumentParser:
                         "(a held-out set sampled at another temperature)")
     p.add_argument("--gen-temperatures", type=_floats, default=(1.0,),
                    help="comma-separated sampling temperatures (one answer per prompt each)")
-    p.add_argument("--verify-temperatures", type=_floats, default=(1.0,),
-                   help="comma-separated temperatures to store target log-probs at")
+    p.add_argument("--verify-temperatures", type=_floats_or_none, default=(1.0,),
+                   help="comma-separated temperatures to store target log-probs at; 'none': "
+                        "an unscored corpus (tokens only, ~10x smaller; a training run "
+                        "with a feature cache scores it there)")
     p.add_argument("--top-k", type=_nonneg, default=0)
     p.add_argument("--top-p", type=_top_p, default=1.0)
     p.add_argument("--max-new-tokens", type=_count, default=512)
@@ -228,6 +240,13 @@ def add_data_subcommands(subparsers) -> argparse.ArgumentParser:
                    help="leave out every record answering a prompt of these shards (the "
                         "held-out set; repeatable)")
     p.set_defaults(func=cmd_data_merge)
+
+    p = sub.add_parser("drop-scores", help="a tokens-only copy of a regenerated corpus (~10x "
+                       "smaller; `regenerate --verify-temperatures none` resumes it)")
+    p.add_argument("corpus", help="the regenerated (scored) corpus folder")
+    p.add_argument("--out", required=True, help="the unscored copy (new, or the same copy "
+                   "to resume)")
+    p.set_defaults(func=cmd_data_drop_scores)
 
     p = sub.add_parser("tfds", help="TFDS (array_record) copies of a corpus / prompt sets, "
                        "for tfds.data_source + grain")

@@ -22,7 +22,7 @@ timestamps, so equal contents give byte-identical files. Sequences are concatena
     stopped        [S] uint8     1 if the answer ended with a stop token (else truncated)
     gen_temperature[S] float32   temperature the answer was sampled at
     ids            [S] str       "source/id" of the prompt
-    logp_<T>       [N] float32   log p_target(tokens[t] | tokens[<t]) at verification
+    logp_<T>       [N] float32   (none in an unscored corpus) log p_target(tokens[t] | tokens[<t]) at verification
                                  temperature T (teacher-forced) on response tokens; 0 on
                                  prompt tokens (never scored)
     entropy_<T>    [N] float32   entropy (nats) of that predictive distribution (0 on prompts)
@@ -202,7 +202,8 @@ class Corpus:
     """Random access over the finished shards of a corpus folder.
 
     `corpus[i]` is a record dict: tokens [L] int32, loss_mask [L] bool, logp {T: [L]}
-    (or one array when `verify_temperature` is given), entropy {T: [L]}, id,
+    (or one array when `verify_temperature` is given; no "logp" in an unscored corpus),
+    entropy {T: [L]}, id,
     prompt_length, gen_temperature, stopped. `verify` checks each shard's sha256 against
     the manifest when it is first opened. Shards are loaded lazily and a few are kept
     (LRU), so a reader process touches only the shards its indices fall in.
@@ -245,7 +246,10 @@ class Corpus:
         self._starts = np.concatenate([[0], np.cumsum(counts)])
         self.temperatures = list(manifest["settings"]["verify_temperatures"])
         self.verify_key = None
-        if verify_temperature is not None:
+        # an unscored corpus (no verification temperature, `dblast data regenerate
+        # --verify-temperatures none`) has records without "logp" whatever is asked
+        self.scored = bool(self.temperatures)
+        if verify_temperature is not None and self.scored:
             want = temperature_key(verify_temperature)
             keys = [temperature_key(t) for t in self.temperatures]
             if want not in keys:
@@ -316,7 +320,7 @@ class Corpus:
                 for t in self.temperatures}
         entropy = {temperature_key(t): a[f"entropy_{temperature_key(t)}"][lo:hi]
                    for t in self.temperatures}
-        return {
+        rec = {
             "tokens": a["tokens"][lo:hi],
             "loss_mask": a["response_mask"][lo:hi].astype(bool),
             "logp": logp[self.verify_key] if self.verify_key else logp,
@@ -326,6 +330,9 @@ class Corpus:
             "gen_temperature": float(a["gen_temperature"][j]),
             "stopped": bool(a["stopped"][j]),
         }
+        if not self.scored:
+            del rec["logp"]
+        return rec
 
     def lengths(self) -> tuple[np.ndarray, np.ndarray]:
         """(sequence lengths [S], prompt lengths [S]) of every record, in index order."""

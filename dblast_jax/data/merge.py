@@ -10,7 +10,8 @@ Rules, each checked before anything is written:
 - every source was made by the same target (weights digest and config);
 - the log-probs kept are those of the temperatures every source stores (or the subset
   `verify_temperatures` asks for); a shard storing more is rewritten without the others,
-  a shard storing exactly those is copied byte for byte;
+  a shard storing exactly those is copied byte for byte; an unscored source (tokens only)
+  makes the merge unscored;
 - a source given as FOLDER:A:B needs all of its shards A .. B-1 finished; a bare FOLDER
   takes the shards finished so far (a corpus still growing: merge again later);
 - `exclude_prompts_of` (FOLDER:A:B, e.g. the held-out shards) drops every record whose
@@ -96,6 +97,8 @@ def _kept_temperatures(manifests: Sequence[dict], sources: Sequence[MergeSource]
                 raise ValueError(f"merge source {src} stores log-probs at {sorted(s, key=float)}"
                                  f", not at {lacking}")
         return sorted(want.values())
+    if not all(stored):  # an unscored source (tokens only): so is the merge
+        return []
     if not common:
         raise ValueError("the merge sources share no verification temperature: "
                          + "; ".join(f"{src}: {sorted(s, key=float)}"
@@ -232,8 +235,9 @@ def merge_corpora(sources: Sequence[str | MergeSource], out: str, *,
     if log:
         t = manifest["totals"]
         log(f"{out}: {t['shards']} shards ({copied} written now), {t['sequences']} sequences, "
-            f"{t['response_tokens']} response tokens, log-probs at "
-            f"{[corpus_io.temperature_key(x) for x in temps]}"
+            f"{t['response_tokens']} response tokens, "
+            + (f"log-probs at {[corpus_io.temperature_key(x) for x in temps]}" if temps
+               else "unscored (tokens only)")
             + (f"; {t['excluded_sequences']} record(s) left out for answering a prompt of "
                f"{', '.join(map(str, exclude_prompts_of))}" if exclude_prompts_of else ""))
     return manifest

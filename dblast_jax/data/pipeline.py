@@ -246,15 +246,17 @@ class BatchIterator:
         """The record at global position g."""
         return self.order[g]
 
-    def with_source(self, source: Any) -> "BatchIterator":
+    def with_source(self, source: Any, with_logp: Optional[bool] = None) -> "BatchIterator":
         """The same order and position over another source of the same records (e.g.
-        `feature_cache.CachedFeatureSource`, records plus their cached taps)."""
+        `feature_cache.CachedFeatureSource`, records plus their cached taps; with_logp
+        True where that source adds the log-probs these records lacked)."""
         if len(source) != len(self.source):
             raise ValueError(f"{len(source)} records, this pipeline reads {len(self.source)}")
         other = BatchIterator(source, batch_size=self.batch_size, seq_len=self.seq_len,
                               block_size=self.block_size, seed=self.seed,
                               shuffle=self.shuffle, rows=self.rows,
-                              with_logp=self.with_logp, read_options=self.read_options,
+                              with_logp=self.with_logp if with_logp is None else with_logp,
+                              read_options=self.read_options,
                               _order=self.order)
         other.set_state(self.get_state())
         return other

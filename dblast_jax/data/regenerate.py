@@ -10,7 +10,10 @@ of every training step, in the one target pass per answer. (`teacher_forced` com
 same numbers from a second, teacher-forced pass over prompt + answer, which is what
 regeneration did before and cost ~28% of its time; the two agree up to float rounding,
 tests/test_regenerate.py.) Prompt tokens are never scored (anchors and block labels are
-response tokens), so they hold 0.
+response tokens), so they hold 0. With no verification temperature the corpus is unscored
+(tokens only, ~10x smaller): its tokens are those a scored run with the same seed samples,
+and a trainer scores them itself (the feature cache stores their log-probs,
+train/feature_cache.py).
 
 Work is split into shards (`shard_size` prompts at one generation temperature). Each
 shard is written atomically and recorded in manifest.json with its sha256; a restarted
@@ -63,7 +66,7 @@ from dblast_jax.io.atomic import atomic_write_json
 from dblast_jax.io.output_folder import check_output_folder
 from dblast_jax.models import target as target_lm
 from dblast_jax.distributed import barrier, shared_file_error
-from dblast_jax.sampler import PAD_ID, cache_size_for, generate_scored_tokens
+from dblast_jax.sampler import PAD_ID, cache_size_for, generate_scored_tokens, generate_tokens
 from dblast_jax.workdir_lock import FolderLock
 
 __all__ = ["RegenConfig", "WorkItem", "encode_work", "regenerate", "teacher_forced",
@@ -77,7 +80,9 @@ class RegenConfig:
     """Settings of one corpus (all recorded in the manifest; a resume must match them)."""
 
     gen_temperatures: tuple[float, ...] = (1.0,)  # answer each prompt once per temperature
-    verify_temperatures: tuple[float, ...] = (1.0,)  # log-probs stored at each of these
+    # log-probs stored at each of these; () stores none (an unscored, tokens-only corpus:
+    # 10x smaller on disk, for data a trainer scores itself, e.g. in its feature cache)
+    verify_temperatures: tuple[float, ...] = (1.0,)
     top_k: int = 0
     top_p: float = 1.0
     max_new_tokens: int = 512
@@ -93,8 +98,8 @@ class RegenConfig:
     logprob_rows: int = 512
 
     def __post_init__(self):
-        if not self.gen_temperatures or not self.verify_temperatures:
-            raise ValueError("need at least one generation and one verification temperature")
+        if not self.gen_temperatures:
+            raise ValueError("need at least one generation temperature")
         if any(t < 0 for t in self.gen_temperatures):
             raise ValueError(f"generation temperatures must be >= 0, got {self.gen_temperatures}")
         if any(t <= 0 for t in self.verify_temperatures):
@@ -310,11 +315,15 @@ def _run_shard(target, items: Sequence[WorkItem], plan: _ShardPlan, cfg: RegenCo
         t0 = time.perf_counter()
         # one target pass per answer: the loop scores each token from the logits it was
         # sampled from (no teacher-forced pass over prompt + answer afterwards)
-        out, counts, lp, en = generate_scored_tokens(
-            target.params, place(toks), place(lens),
-            jax.random.fold_in(shard_key, b), config=config, sampling=sampling,
-            cache_size=cache_size_for(width, cfg.max_new_tokens, multiple=cfg.pad_multiple),
-            score_temperatures=temps)
+        args = (target.params, place(toks), place(lens), jax.random.fold_in(shard_key, b))
+        kwargs = dict(config=config, sampling=sampling, cache_size=cache_size_for(
+            width, cfg.max_new_tokens, multiple=cfg.pad_multiple))
+        if temps:
+            out, counts, lp, en = generate_scored_tokens(*args, **kwargs,
+                                                         score_temperatures=temps)
+        else:  # unscored: the same tokens (same key), no log-probs
+            out, counts = generate_tokens(*args, **kwargs)
+            lp = en = np.zeros((0, cfg.batch_size, cfg.max_new_tokens), np.float32)
         out, counts = np.asarray(out), np.asarray(counts)
         lp, en = np.asarray(lp), np.asarray(en)
         timing["generate_seconds"] += time.perf_counter() - t0

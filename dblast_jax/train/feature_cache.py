@@ -14,6 +14,12 @@ Layout: `<cache folder>/<fingerprint[:16]>/` with
     record_digests.npy  [records, 32] uint8: each record's sha256 (of its first seq_len
                    tokens)
     progress.json  {"done": n, "complete": bool}, rewritten atomically after each chunk
+    teacher_ids.npy / teacher_logp.npy  [records, seq_len, k]: the target's top-k at T_v
+                   (distillation; when asked for)
+    logp.npy       [records, seq_len] float32: log p_target(tokens[t] | tokens[<t]) at T_v
+                   of each record's own tokens, 0 on prompt tokens (when asked for: the AL
+                   terms' input for a corpus stored without it, `dblast data regenerate
+                   --verify-temperatures none`; it costs the pass nothing but the head)
 A changed corpus, target, tap set or seq_len gets another subfolder, so features are
 never read for records they were not computed from; an interrupted build resumes at
 `done`. A new subfolder starts from the rows of a sibling whose records are a prefix of
@@ -38,6 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dblast_jax.chunked_logits import token_logprobs
 from dblast_jax.config import TargetConfig
 from dblast_jax.io import paths
 from dblast_jax.io.atomic import atomic_write_text
@@ -89,14 +96,15 @@ DIGESTS_FILE = "record_digests.npy"
 
 
 def _reuse_prefix(folder: Path, sub: Path, meta: dict, digests: np.ndarray,
-                  arrays: Sequence[np.ndarray]) -> tuple[int, Optional[Path]]:
+                  arrays: dict[str, np.ndarray]) -> tuple[int, Optional[Path]]:
     """Copy the rows of the longest common record prefix from a sibling cache.
 
     Why: a growing corpus (a merge of the original shards, then more) is a new source each
     time, so it gets a new cache; its first records are those of the last one, whose taps
     cost a target pass each. A sibling qualifies when everything but its records matches
-    (target, taps, seq_len, dtype, teacher) and it kept its per-record digests; its first
-    `done` rows are final (written in index order). Returns (rows copied, the sibling)."""
+    (target, taps, seq_len, dtype, teacher, log-probs) and it kept its per-record digests;
+    its first `done` rows are final (written in index order). `arrays`: file name -> the
+    new cache's memory map. Returns (rows copied, the sibling)."""
     want = {k: v for k, v in meta.items() if k not in _RECORD_FIELDS}
     best, best_sub = 0, None
     for other in sorted(p for p in folder.iterdir() if p.is_dir() and p != sub):
@@ -115,13 +123,12 @@ def _reuse_prefix(folder: Path, sub: Path, meta: dict, digests: np.ndarray,
             best, best_sub = m, other
     if not best:
         return 0, None
-    names = ["taps.npy", "teacher_ids.npy", "teacher_logp.npy"][:len(arrays)]
-    sources = [np.load(best_sub / name, mmap_mode="r") for name in names]
+    sources = [np.load(best_sub / name, mmap_mode="r") for name in arrays]
     step = 64
     for lo in range(0, best, step):
-        for src, dst in zip(sources, arrays):
+        for src, dst in zip(sources, arrays.values()):
             dst[lo:min(best, lo + step)] = src[lo:min(best, lo + step)]
-    for dst in arrays:
+    for dst in arrays.values():
         dst.flush()
     return best, best_sub
 
@@ -183,8 +190,25 @@ class FeatureCache:
                                  f"{self._teacher_ids.shape} / {self._teacher_logp.shape}, "
                                  f"expected {tshape}: corrupt; delete the folder to rebuild it")
 
+        self.logp_temperature = self.meta.get("data_logp_temperature")
+        self._logp = None
+        if self.logp_temperature is not None:
+            try:
+                self._logp = np.load(self.folder / "logp.npy", mmap_mode="r")
+            except (OSError, ValueError) as e:
+                raise ValueError(f"feature cache {self.folder}: logp.npy is unreadable ({e}):"
+                                 " corrupt; delete the folder to rebuild it") from None
+            if self._logp.shape != want[:2]:
+                raise ValueError(f"feature cache {self.folder}: logp.npy is "
+                                 f"{self._logp.shape}, expected {want[:2]}: corrupt; delete "
+                                 "the folder to rebuild it")
+
     def __len__(self) -> int:
         return int(self._taps.shape[0])
+
+    def data_logp(self, i: int) -> Optional[np.ndarray]:
+        """[seq_len] float32: record i's own tokens' log-probs at T_v, or None."""
+        return None if self._logp is None else np.asarray(self._logp[int(i)], np.float32)
 
     def teacher(self, i: int) -> Optional[tuple[np.ndarray, np.ndarray]]:
         """(ids [seq_len, k] int32, logp [seq_len, k] float32) of record i, or None."""
@@ -201,7 +225,9 @@ class FeatureCache:
 
 
 class CachedFeatureSource:
-    """A random-access source whose records also carry their cached "taps"."""
+    """A random-access source whose records also carry their cached "taps" (and "logp",
+    where the cache computed it and the record has none: [L] like its tokens, 0 past the
+    cache's seq_len, which a training window never reads)."""
 
     def __init__(self, source: Any, cache: FeatureCache):
         if len(cache) != len(source):
@@ -219,6 +245,12 @@ class CachedFeatureSource:
         teacher = self.cache.teacher(i)
         if teacher is not None:
             rec["teacher_ids"], rec["teacher_logp"] = teacher
+        logp = self.cache.data_logp(i) if "logp" not in rec else None
+        if logp is not None:
+            full = np.zeros(len(rec["tokens"]), np.float32)
+            m = min(len(full), len(logp))
+            full[:m] = logp[:m]
+            rec["logp"] = full
         return rec
 
     def usable_indices(self, seq_len: int, block_size: int):
@@ -235,13 +267,15 @@ def build_feature_cache(source: Any, target_config: TargetConfig, target_params:
                         batch_size: int = 8, progress: bool = True, log=print,
                         build: bool = True, teacher_topk: int = 0,
                         teacher_temperature: float = 1.0,
-                        head: Optional[tuple[Any, str]] = None) -> FeatureCache:
+                        head: Optional[tuple[Any, str]] = None,
+                        data_logp_temperature: Optional[float] = None) -> FeatureCache:
     """The cache of `source` under `folder` (built, or resumed, when not finished).
     build=False only opens a finished cache (the other processes of a multi-process run:
     build it first with a single-process run, e.g. `launch/train.py ... --stop_at=0`).
     teacher_topk > 0 also stores the target's top-k distribution per position at
     teacher_temperature (train/distill.py's convention) from the same pass; `head` is the
-    target's (LM head weight, layout)."""
+    target's (LM head weight, layout). data_logp_temperature: also store each record's own
+    tokens' log-probs at that temperature (for a corpus stored without them)."""
     check_local(folder)
     check_output_folder(folder, "feature cache", "--override feature_cache=DIR")
     if dtype not in DTYPES:
@@ -264,6 +298,12 @@ def build_feature_cache(source: Any, target_config: TargetConfig, target_params:
             raise ValueError("a feature cache with the teacher's top-k needs the target's head")
         meta["teacher_topk"] = int(teacher_topk)
         meta["teacher_temperature"] = float(teacher_temperature)
+    if data_logp_temperature is not None:
+        if head is None:
+            raise ValueError("a feature cache with the data's log-probs needs the target's head")
+        if not data_logp_temperature > 0:
+            raise ValueError(f"data_logp_temperature must be > 0, got {data_logp_temperature}")
+        meta["data_logp_temperature"] = float(data_logp_temperature)
     sub = Path(folder) / _fingerprint(meta)[:16]
     sub.mkdir(parents=True, exist_ok=True)
     meta_path, prog_path, taps_path = sub / "meta.json", sub / "progress.json", sub / "taps.npy"
@@ -282,46 +322,52 @@ def build_feature_cache(source: Any, target_config: TargetConfig, target_params:
     _atomic_json(meta_path, meta)
     shape = (n, seq_len, len(meta["tap_layers"]), meta["hidden_size"])
     tshape = (n, seq_len, int(teacher_topk))
-    tpaths = (sub / "teacher_ids.npy", sub / "teacher_logp.npy")
-    if done and taps_path.exists() and (not teacher_topk or all(p.exists() for p in tpaths)):
-        taps = np.load(taps_path, mmap_mode="r+")
-        if taps.shape != shape:
-            raise ValueError(f"feature cache {sub}: taps.npy is {taps.shape}, expected {shape}"
-                             "; delete the folder to rebuild it")
-        t_ids, t_logp = ((np.load(tpaths[0], mmap_mode="r+"), np.load(tpaths[1], mmap_mode="r+"))
-                         if teacher_topk else (None, None))
+    with_logp = data_logp_temperature is not None
+    # file name -> (dtype, shape) of every array this cache holds
+    specs = {"taps.npy": (DTYPES[dtype], shape)}
+    if teacher_topk:
+        specs["teacher_ids.npy"] = (np.int32, tshape)
+        specs["teacher_logp.npy"] = (np.float32, tshape)
+    if with_logp:
+        specs["logp.npy"] = (np.float32, (n, seq_len))
+    if done and all((sub / name).exists() for name in specs):
+        arrays = {name: np.load(sub / name, mmap_mode="r+") for name in specs}
+        for name, (_, want) in specs.items():
+            if arrays[name].shape != want:
+                raise ValueError(f"feature cache {sub}: {name} is {arrays[name].shape}, "
+                                 f"expected {want}; delete the folder to rebuild it")
     else:
         done = 0
-        taps = np.lib.format.open_memmap(taps_path, mode="w+", dtype=DTYPES[dtype],
-                                         shape=shape)
-        t_ids = t_logp = None
-        if teacher_topk:
-            t_ids = np.lib.format.open_memmap(tpaths[0], mode="w+", dtype=np.int32, shape=tshape)
-            t_logp = np.lib.format.open_memmap(tpaths[1], mode="w+", dtype=np.float32,
-                                               shape=tshape)
+        arrays = {name: np.lib.format.open_memmap(sub / name, mode="w+", dtype=dt, shape=shp)
+                  for name, (dt, shp) in specs.items()}
         tmp = sub / (DIGESTS_FILE + ".tmp")
         with open(tmp, "wb") as f:
             np.save(f, digests)
         os.replace(tmp, sub / DIGESTS_FILE)
-        done, other = _reuse_prefix(Path(folder), sub, meta, digests,
-                                    [a for a in (taps, t_ids, t_logp) if a is not None])
+        done, other = _reuse_prefix(Path(folder), sub, meta, digests, arrays)
         if done:
             log(f"feature cache {sub}: reused the taps of its first {done} records from "
                 f"{other} (the same records in the same order)")
         _atomic_json(prog_path, {"done": done, "complete": done == n})
 
+    taps = arrays["taps.npy"]
     layers = tuple(meta["tap_layers"])
     last = target_config.num_layers - 1
-    fwd_layers = layers + ((last,) if teacher_topk and last not in layers else ())
-    final_idx = fwd_layers.index(last) if teacher_topk else None
+    needs_final = bool(teacher_topk) or with_logp
+    fwd_layers = layers + ((last,) if needs_final and last not in layers else ())
+    final_idx = fwd_layers.index(last) if needs_final else None
 
     def pass_fn(p, t):
         out = target_lib.forward(p, t, config=target_config, tap_layers=fwd_layers)[1]
-        if not teacher_topk:
-            return out, None
-        teacher = distill.teacher_from_final(out[:, :, final_idx], head[0], head[1],
-                                             teacher_topk, teacher_temperature)
-        return out[:, :, :len(layers)], teacher
+        teacher = logp = None
+        if teacher_topk:
+            teacher = distill.teacher_from_final(out[:, :, final_idx], head[0], head[1],
+                                                 teacher_topk, teacher_temperature)
+        if with_logp:  # position t scores tokens[t] from the state at t - 1
+            logp = token_logprobs(out[:, :-1, final_idx], head[0], head[1], t[:, 1:],
+                                  data_logp_temperature).logprob
+            logp = jnp.pad(logp, ((0, 0), (1, 0)))
+        return out[:, :, :len(layers)], teacher, logp
 
     forward = jax.jit(pass_fn)
     bar = None
@@ -332,14 +378,19 @@ def build_feature_cache(source: Any, target_config: TargetConfig, target_params:
         idx = list(range(done, min(done + batch_size, n)))
         recs = [source[i] for i in idx]
         recs += [recs[-1]] * (batch_size - len(recs))  # one compiled shape
-        tokens = records_lib.collate(recs, seq_len, with_logp=False)["tokens"]
-        out, teacher = forward(target_params, jnp.asarray(tokens))
+        batch = records_lib.collate(recs, seq_len, with_logp=False)
+        out, teacher, logp = forward(target_params, jnp.asarray(batch["tokens"]))
         out = np.asarray(jax.device_get(out), np.float32)[:len(idx)]
+        rows = slice(done, done + len(idx))
         if teacher is not None:
-            t_ids[done:done + len(idx)] = np.asarray(teacher.ids)[:len(idx)]
-            t_logp[done:done + len(idx)] = np.asarray(teacher.logp)[:len(idx)]
-            t_ids.flush()
-            t_logp.flush()
+            arrays["teacher_ids.npy"][rows] = np.asarray(teacher.ids)[:len(idx)]
+            arrays["teacher_logp.npy"][rows] = np.asarray(teacher.logp)[:len(idx)]
+        if logp is not None:  # the corpus convention: prompt (and padding) tokens hold 0
+            arrays["logp.npy"][rows] = np.where(batch["loss_mask"], np.asarray(logp),
+                                                0.0)[:len(idx)]
+        for name in specs:
+            if name != "taps.npy":
+                arrays[name].flush()
         if dtype == "bfloat16":  # round to nearest even, keep the top 16 bits
             bits = out.view(np.uint32)
             out = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
@@ -351,7 +402,7 @@ def build_feature_cache(source: Any, target_config: TargetConfig, target_params:
             bar.update(len(idx))
     if bar is not None:
         bar.close()
-    del taps, t_ids, t_logp
+    del taps, arrays
     log(f"feature cache {sub}: {n} records x {seq_len} tokens x {len(layers)} taps")
     return FeatureCache(sub)
 

@@ -281,11 +281,13 @@ class Trainer:
             raise ValueError("feature_cache needs a random-access corpus (a corpus folder, "
                              ".jsonl or records), not an iterator")
         needs_logp = cfg.uses_al or cfg.track_al
-        if needs_logp and (cfg.logp_source == "target" or not self.batcher.with_logp):
-            raise ValueError("feature_cache stores the drafter's taps only, and this run "
-                             "needs target log-probs the data do not carry (or "
-                             "logp_source='target'): use a regenerated corpus, or "
-                             "track_al=false with an NLL-only loss")
+        if needs_logp and cfg.logp_source == "target":
+            raise ValueError("feature_cache replaces the target's pass of every step, so "
+                             "logp_source='target' has no target pass to score in: leave "
+                             "logp_source=auto (the log-probs the data carry, or those the "
+                             "cache computes for data without them)")
+        # data without log-probs (an unscored corpus): the cache's pass scores them at T_v
+        cache_logp = needs_logp and not self.batcher.with_logp
         cache = fc.build_feature_cache(
             self.batcher.source, self.target_config, tparams,
             self.drafter_config.target_layer_ids, cfg.seq_len, cfg.feature_cache,
@@ -293,9 +295,11 @@ class Trainer:
             progress=self.progress, log=self.log, build=jax.process_count() == 1,
             teacher_topk=cfg.distill_topk if cfg.distill_weight > 0 else 0,
             teacher_temperature=cfg.verify_temperature,
-            head=target_head(tparams, self.target_config))
-        self.batcher = self.batcher.with_source(fc.CachedFeatureSource(self.batcher.source,
-                                                                       cache))
+            head=target_head(tparams, self.target_config),
+            data_logp_temperature=cfg.verify_temperature if cache_logp else None)
+        self.batcher = self.batcher.with_source(
+            fc.CachedFeatureSource(self.batcher.source, cache),
+            with_logp=True if cache_logp else None)
 
     def _validation_data(self, data: Any, given: Any, tcfg: TargetConfig) -> Any:
         cfg = self.config
@@ -542,8 +546,9 @@ class Trainer:
         has = "logp" in batch_keys
         if cfg.logp_source == "data":
             if not has:
-                raise ValueError("logp_source='data' but the corpus stores no logp; "
-                                 "set logp_source=target")
+                raise ValueError("logp_source='data' but the corpus stores no logp (an "
+                                 "unscored corpus); set logp_source=auto (a feature_cache "
+                                 "then scores it once) or logp_source=target")
             return "data"
         if cfg.logp_source == "target":
             return "target"

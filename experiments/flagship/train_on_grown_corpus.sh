@@ -3,7 +3,7 @@
 # the 68 training shards of corpora/smollm2_t1, then the 68 training shards of the greedy
 # corpus corpora/smollm2_t0 (the same prompts answered at T = 0) once all are written,
 # then every complete pass (68 shards: one more T = 1.0 answer to each training prompt) of
-# runs/corpora/smollm2_t1_more where one exists, merged with the records whose prompt
+# corpora/smollm2_t1_more where one exists, merged with the records whose prompt
 # repeats a held-out prompt left out. The held-out shards at T_v = 1.5 and greedy agreement
 # on the greedy held-out answers are scored beside the main held-out set (T_v = 1.0) at
 # every segment.
@@ -15,11 +15,12 @@
 # the answers' tokens instead of 68%: more distinct anchors from the same corpus, for a
 # drafter that memorised its data.
 #
-# Why the greedy corpus comes first: it is committed (corpora/), so a leg that starts on a
-# fresh machine needs nothing but a merge, whereas the sampled passes live in runs/ (30 MB
-# would push the tracked tree past what a device call carries) and are lost with it; and
-# greedy answers are what verification at T = 0 accepts, where prompt lookup beats the
-# drafters today. The distillation term still teaches the target's whole top-64 at every
+# Every corpus is committed (corpora/), so a leg that starts on a fresh machine needs
+# nothing but a merge. The sampled passes are unscored (tokens only, small enough to
+# commit): their merge is unscored too, and the feature cache computes the log-probs at
+# T_v that the AL tracking reads, in the pass that writes the taps. Greedy answers come
+# first because they are what verification at T = 0 accepts, where prompt lookup beats the
+# drafters today; the distillation term still teaches the target's whole top-64 at every
 # position of them.
 #
 # A leg keeps the corpus it started on (its leg.json), so a killed leg resumes on the same
@@ -56,7 +57,7 @@ while n in done:
     n += 1
 print(n)"; }
 GREEDY=corpora/smollm2_t0
-MORE=runs/corpora/smollm2_t1_more
+MORE=corpora/smollm2_t1_more
 SOURCES=(corpora/smollm2_t1:0:68)
 DATA=runs/corpora/smollm2_t1
 GDONE=$(finished $GREEDY)
