@@ -59,26 +59,26 @@ def test_cache_holds_the_target_taps(corpus, tmp_path):
 
 
 def test_interrupted_build_resumes_to_the_same_cache(corpus, tmp_path, monkeypatch):
-    want = _build(corpus, tmp_path / "fresh")
+    want = _build(corpus, tmp_path / "fresh", window=8)
     real = corpus_io.Corpus.__getitem__
     calls = {"n": 0}
 
     def flaky(self, i):
         calls["n"] += 1
-        if calls["n"] > 60:  # the digest reads 37; the build dies inside its third chunk
+        if calls["n"] > 60:  # the digest reads 37; the build dies reading its third window
             raise KeyboardInterrupt
         return real(self, i)
 
     monkeypatch.setattr(corpus_io.Corpus, "__getitem__", flaky)
     with pytest.raises(KeyboardInterrupt):
-        _build(corpus, tmp_path / "killed")
+        _build(corpus, tmp_path / "killed", window=8)
     monkeypatch.setattr(corpus_io.Corpus, "__getitem__", real)
     (sub,) = list((tmp_path / "killed").iterdir())
     state = json.loads((sub / "progress.json").read_text())
-    assert 0 < state["done"] < 37 and not state["complete"]
+    assert state == {"done": 16, "complete": False}  # two whole windows kept
     with pytest.raises(ValueError, match="unfinished"):
         FC.FeatureCache(sub)
-    got = _build(corpus, tmp_path / "killed")
+    got = _build(corpus, tmp_path / "killed", window=8)
     for i in range(37):
         np.testing.assert_array_equal(got.taps(i), want.taps(i))
 
@@ -246,3 +246,40 @@ def test_training_on_an_unscored_corpus_equals_training_on_its_scored_copy(tmp_p
     with pytest.raises(ValueError, match="logp_source='target' has no target pass"):
         _train(_cfg(unscored, "logp_source=target", f"feature_cache={tmp_path / 'fc'}"),
                tmp_path / "t")
+
+
+def test_records_run_at_their_own_width_give_the_full_width_rows(corpus, tmp_path,
+                                                                    monkeypatch):
+    """The build sorts a window by length and runs each batch only as wide as its longest
+    record: every record's rows equal one full-width pass, and rows past its end hold the
+    fill values (never read)."""
+    import dataclasses
+    from dblast_jax.train.objective import target_head
+    monkeypatch.setattr(FC, "WIDTH_MULTIPLE", 8)  # widths 8, 16, 24 on this corpus
+    tcfg, tparams, name = tiny_target()
+    head = target_head(tparams, tcfg)
+    kw = dict(target_name=name, progress=False, log=lambda s: None, teacher_topk=4,
+              head=head, data_logp_temperature=1.0)
+    src = _source(corpus)
+    got = FC.build_feature_cache(src, tcfg, tparams, (1,), SEQ, tmp_path / "a", window=16,
+                                 **kw)
+    monkeypatch.setattr(FC, "WIDTH_MULTIPLE", SEQ)  # every batch at the full width
+    full = FC.build_feature_cache(src, tcfg, tparams, (1,), SEQ, tmp_path / "b", window=1,
+                                  **kw)
+    widths = {min(len(src[i]["tokens"]), SEQ) for i in range(len(src))}
+    assert min(widths) <= 8 and max(widths) == SEQ  # several widths were run
+    for i in range(len(src)):
+        n = min(len(src[i]["tokens"]), SEQ)
+        np.testing.assert_allclose(got.taps(i)[:n], full.taps(i)[:n], rtol=1e-5, atol=1e-5)
+        ids, logp = got.teacher(i)
+        want_ids, want_logp = full.teacher(i)
+        np.testing.assert_array_equal(ids[:n], want_ids[:n])
+        np.testing.assert_allclose(logp[:n], want_logp[:n], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got.data_logp(i), full.data_logp(i), rtol=1e-5, atol=1e-5)
+    # batches of short records ran narrower than SEQ: their last rows hold the fill values
+    narrow = [i for i in range(len(src)) if not got.taps(i)[-1].any()]
+    assert narrow
+    for i in narrow:
+        assert not got.teacher(i)[0][-1].any() and got.data_logp(i)[-1] == 0
+        assert (got.teacher(i)[1][-1] == FC.distill.EMPTY_LOGP).all()
+    assert all(full.taps(i)[-1].any() for i in range(len(src)))  # full width: computed

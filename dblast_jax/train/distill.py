@@ -25,7 +25,7 @@ from dblast_jax.chunked_logits import teacher_topk
 Array = jax.Array
 
 # the dummy distribution at position 0 (and at padding): all mass in the tail
-_EMPTY_LOGP = -1e9
+EMPTY_LOGP = -1e9
 
 
 class Teacher(NamedTuple):
@@ -39,7 +39,7 @@ def teacher_from_final(final: Array, head: Array, layout: str, k: int, temperatu
     convention above, at `temperature` (the verification temperature T_v)."""
     top = teacher_topk(final[:, :-1], head, layout, k, temperature, chunk_size)
     ids = jnp.pad(top.ids, ((0, 0), (1, 0), (0, 0)))
-    logp = jnp.pad(top.logprob, ((0, 0), (1, 0), (0, 0)), constant_values=_EMPTY_LOGP)
+    logp = jnp.pad(top.logprob, ((0, 0), (1, 0), (0, 0)), constant_values=EMPTY_LOGP)
     return Teacher(lax.stop_gradient(ids), lax.stop_gradient(logp))
 
 
