@@ -30,26 +30,29 @@ from dblast_jax.train import feature_cache as FC
 from dblast_jax.train.objective import target_head
 
 
-def _build(source, target, folder, seq_len: int, width_multiple: int, batch_size: int):
+def _build(source, target, folder, seq_len: int, width_multiple: int, batch_size: int,
+           taps: tuple[int, ...], topk: int):
     FC.WIDTH_MULTIPLE = width_multiple
     head = target_head(target.params, target.config)
     t0 = time.process_time()
-    cache = FC.build_feature_cache(source, target.config, target.params, (1, 7, 14, 20, 27),
+    cache = FC.build_feature_cache(source, target.config, target.params, taps,
                                    seq_len, folder, target_name=target.name, dtype="bfloat16",
                                    batch_size=batch_size, progress=False, log=lambda s: None,
-                                   teacher_topk=64, head=head, data_logp_temperature=1.0)
+                                   teacher_topk=topk, head=head, data_logp_temperature=1.0)
     return cache, time.process_time() - t0
 
 
-def main() -> None:
+def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--corpus", default="corpora/smollm2_t1:0:4", help="FOLDER:A:B shards")
     ap.add_argument("--target", default="smollm2-135m-instruct")
     ap.add_argument("--seq_len", type=int, default=384)
     ap.add_argument("--batch_size", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--taps", default="1,7,14,20,27", help="target layers tapped")
+    ap.add_argument("--topk", type=int, default=64, help="the teacher's top-k")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     folder, spec = args.corpus.rsplit(":", 2)[0], ":".join(args.corpus.rsplit(":", 2)[1:])
     first, stop = parse_shard_range(spec)
     source = Corpus(folder, first_shard=first, max_shards=stop)
@@ -64,7 +67,8 @@ def main() -> None:
                 # each build compiles its own pass (as a leg's does): own width compiles up
                 # to seq_len / 64 shapes, padded one; that cost is in the timings
                 cache, cpu = _build(source, target, tmp + "/c", args.seq_len, multiple,
-                                    args.batch_size)
+                                    args.batch_size, tuple(int(x) for x in args.taps.split(",")),
+                                    args.topk)
                 times[name].append(cpu / len(source))
                 if r == 0:
                     caches[name] = [(cache.taps(i)[:n].copy(), cache.data_logp(i)[:n].copy())
@@ -88,6 +92,7 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
+    return result
 
 
 if __name__ == "__main__":
