@@ -18,7 +18,7 @@ from dblast_jax.io import dflash
 from dblast_jax.train import config as TC
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CORPORA = ("smollm2_t1", "smollm2_heldout_t15")
+CORPORA = ("smollm2_t1", "smollm2_heldout_t15", "smollm2_t0", "smollm2_t0_heldout", "smollm2_t1_more")
 
 
 def test_every_recipe_trains_with_a_mask_token():
