@@ -206,6 +206,10 @@ TABLE = {
     ("dblast data merge", "--exclude-prompts-of"): (
         ["data", "merge", "--out", "{DIR}", "{DIR}2", "--exclude-prompts-of", "{DIR}3:5:1"],
         "shard range '5:1'"),
+    ("dblast data drop-scores", "corpus"): (["data", "drop-scores", "{DIR}", "--out",
+                                             "{DIR}2"], "no corpus at"),
+    ("dblast data drop-scores", "--out"): (["data", "drop-scores", "{DIR}2", "--out",
+                                            "{FILE}"], "is a file"),
     # ---- launch/train.py
     ("launch/train.py", "--experiment"): (["--workdir={DIR}", "--experiment=nope"],
                                           "unknown experiment 'nope'"),

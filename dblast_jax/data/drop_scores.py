@@ -25,13 +25,13 @@ __all__ = ["drop_scores"]
 
 def drop_scores(src: str, out: str, *, log=print) -> dict:
     """Write the unscored copy of corpus `src` into `out`; returns its manifest."""
+    check_output_folder(out, "corpus", "--out")
     manifest = corpus_io.read_manifest(src)
     if manifest is None:
         raise FileNotFoundError(f"no corpus at {src} (missing {corpus_io.MANIFEST})")
     if "merged_from" in manifest:
         raise ValueError(f"{src} is a merged corpus: drop the scores of its sources, or merge "
                          "with an unscored source (the merge is then unscored)")
-    check_output_folder(out, "corpus", "--out")
     if os.path.abspath(src) == os.path.abspath(out):
         raise ValueError(f"drop-scores output {out} is its source; write to a new folder")
     folder = corpus_io.as_folder(out)
