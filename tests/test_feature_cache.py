@@ -199,6 +199,9 @@ def test_cache_scores_the_tokens_of_an_unscored_corpus(tmp_path):
     plain = FC.build_feature_cache(src, tcfg, tparams, (1,), SEQ, tmp_path / "fc",
                                    target_name=name, progress=False, log=lambda s: None)
     assert plain.folder != cache.folder and plain.data_logp(0) is None
+    with pytest.raises(ValueError, match="window must be >= 1 record"):
+        FC.build_feature_cache(src, tcfg, tparams, (1,), SEQ, tmp_path / "x",
+                               target_name=name, progress=False, window=0)
     with pytest.raises(ValueError, match="needs the target's head"):
         FC.build_feature_cache(src, tcfg, tparams, (1,), SEQ, tmp_path / "x",
                                target_name=name, progress=False, data_logp_temperature=1.0)

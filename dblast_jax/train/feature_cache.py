@@ -291,6 +291,8 @@ def build_feature_cache(source: Any, target_config: TargetConfig, target_params:
     tokens' log-probs at that temperature (for a corpus stored without them)."""
     check_local(folder)
     check_output_folder(folder, "feature cache", "--override feature_cache=DIR")
+    if int(window) < 1:
+        raise ValueError(f"feature cache build window must be >= 1 record, got {window}")
     if dtype not in DTYPES:
         raise ValueError(f"feature cache dtype {dtype!r}: expected one of {sorted(DTYPES)}")
     try:
