@@ -13,8 +13,9 @@
 # cache computes the log-probs the AL terms need in the pass that writes the taps.
 #
 # ~80 s a shard on a 2-core machine (~4.5 h in all), so it runs across working days:
-# rerun the same command to resume (finished shards are kept). The next flagship leg
-# (train_on_grown_corpus.sh) merges every complete 68-shard pass with the original.
+# rerun the same command to resume (finished shards are kept). Each flagship leg
+# (train_on_grown_corpus.sh) trains on the greedy corpus plus one complete 68-shard pass:
+# the one the finished legs used least.
 set -u
 cd "$(dirname "$0")/../.."
 nice -n 10 dblast data regenerate --out corpora/smollm2_t1_more \

@@ -1,40 +1,41 @@
 #!/usr/bin/env bash
-# The next flagship K = 1 leg (train_k1.sh) on as much of the grown corpus as is finished:
-# the 68 training shards of corpora/smollm2_t1, then the 68 training shards of the greedy
-# corpus corpora/smollm2_t0 (the same prompts answered at T = 0) once all are written,
-# then every complete pass (68 shards: one more T = 1.0 answer to each training prompt) of
-# corpora/smollm2_t1_more where one exists, merged with the records whose prompt
-# repeats a held-out prompt left out. The held-out shards at T_v = 1.5 and greedy agreement
-# on the greedy held-out answers are scored beside the main held-out set (T_v = 1.0) at
-# every segment.
+# The next flagship K = 1 leg (train_k1.sh) on the grown corpus: the 68 training shards of
+# the greedy corpus corpora/smollm2_t0 (the training prompts answered at T = 0) plus ONE
+# sampled pass, one T = 1.0 answer to each training prompt: pass 0 is the 68 training
+# shards of corpora/smollm2_t1, pass p >= 1 the shards 68(p-1) .. 68p-1 of
+# corpora/smollm2_t1_more (grow_sampled_corpus.sh). The leg takes the complete pass the
+# finished legs (experiments/flagship/k1/legs.jsonl) used least, the newest on a tie, so
+# that every leg trains on the answers the drafter has seen least. Records whose prompt
+# repeats a held-out prompt are left out. The held-out shards at T_v = 1.5 and greedy
+# agreement on the greedy held-out answers are scored beside the main held-out set
+# (T_v = 1.0) at every segment.
 #
 #     bash experiments/flagship/train_on_grown_corpus.sh   # start, or resume, the next leg
-#     STEPS=10000 bash experiments/flagship/train_on_grown_corpus.sh   # another length
+#     STEPS=5000 bash experiments/flagship/train_on_grown_corpus.sh   # another length
+#
+# Why one pass per leg, not every pass: a leg must finish within one working day, because
+# runs/ (its checkpoints and its feature cache) does not survive the machine. The feature
+# cache costs ~1 s of two cores a record at 384 tokens: 4,250 records (greedy + one pass)
+# take ~70 min, every pass at once (~11,000 records) ~3 h, which leaves no day for
+# training. Rotating passes keeps each leg at ~70 min of cache + ~80 min of 8,000 steps,
+# and feeds it answers it has not memorised (legs 1-2 memorised pass 0, research log
+# section 7).
 #
 # Records are read through a 384-token window (SEQ_LEN; legs 1-2: 256), which holds 92% of
-# the answers' tokens instead of 68%: more distinct anchors from the same corpus, for a
-# drafter that memorised its data.
-#
-# Every corpus is committed (corpora/), so a leg that starts on a fresh machine needs
-# nothing but a merge. The sampled passes are unscored (tokens only, small enough to
-# commit): their merge is unscored too, and the feature cache computes the log-probs at
-# T_v that the AL tracking reads, in the pass that writes the taps. Greedy answers come
-# first because they are what verification at T = 0 accepts, where prompt lookup beats the
-# drafters today; the distillation term still teaches the target's whole top-64 at every
-# position of them.
+# the answers' tokens instead of 68%. Every corpus is committed (corpora/), so a leg that
+# starts on a fresh machine needs nothing but a merge; the sampled passes are unscored
+# (tokens only) and the feature cache computes the log-probs at T_v that the AL tracking
+# reads, in the pass that writes the taps.
 #
 # A leg keeps the corpus it started on (its leg.json), so a killed leg resumes on the same
-# data; the next leg takes what is finished by then. The merged folders are named by what
-# they hold (smollm2_t1_t0, smollm2_t1_t0_more2, ...); each is a prefix of the next, so the
-# feature cache of a bigger one starts from the rows of the smaller (feature_cache.py).
+# data. The merged folders are named by what they hold (smollm2_t0_t1pass1, ...).
 set -eu
 cd "$(dirname "$0")/../.."
 KEEP=experiments/flagship/k1
 # scored beside the main held-out set (T_v = 1.0) at every segment: the same shards at
 # T_v = 1.5, and greedy agreement on the greedy held-out answers. The feature cache is kept
-# in bfloat16: at 384 tokens and five taps a record's taps are 4.4 MB in float32, and the
-# caches of the x2 and x4 corpora (the second starts from the first's rows) would not fit
-# on this machine's disk together (~19 + ~57 GB); in bfloat16 they take ~10 + ~29 GB.
+# in bfloat16: at 384 tokens and five taps a record's taps are 4.4 MB in float32, ~19 GB
+# for a leg's 4,250 records, ~10 GB in bfloat16.
 EXTRA=(--extra_validation=hot=corpora/smollm2_t1:68:72@1.5
        --extra_validation=greedy=corpora/smollm2_t0_heldout:0:4
        --override=feature_cache_dtype=bfloat16)
@@ -58,29 +59,34 @@ while n in done:
 print(n)"; }
 GREEDY=corpora/smollm2_t0
 MORE=corpora/smollm2_t1_more
-SOURCES=(corpora/smollm2_t1:0:68)
-DATA=runs/corpora/smollm2_t1
 GDONE=$(finished $GREEDY)
-if [ $GDONE -ge 68 ]; then
-  SOURCES+=($GREEDY:0:68) DATA+=_t0
-fi
-PASSES=$(( $(finished $MORE) / 68 ))
-[ $PASSES -ge 3 ] && PASSES=3
-if [ $PASSES -gt 0 ]; then
-  SOURCES+=($MORE:0:$(( 68 * PASSES ))) DATA+=_more$PASSES
-fi
-if [ ${#SOURCES[@]} -eq 1 ]; then
-  echo "nothing grown yet: $GREEDY has $GDONE of 68 training shards (run" \
-       "experiments/flagship/regenerate_greedy_corpus.sh), $MORE no complete pass" \
-       "(experiments/flagship/grow_sampled_corpus.sh)" >&2
+if [ $GDONE -lt 68 ]; then
+  echo "the greedy corpus is not finished: $GREEDY has $GDONE of 68 training shards (run" \
+       "experiments/flagship/regenerate_greedy_corpus.sh)" >&2
   exit 1
 fi
-echo "leg $LEG: merging ${SOURCES[*]} into $DATA"
-dblast data merge --out $DATA "${SOURCES[@]}" --exclude-prompts-of corpora/smollm2_t1:68:72
-# A leg on a corpus that is still growing is kept short (8,000 steps): its cosine schedule
-# has annealed by the time the next sampled pass is finished, and the next leg takes that
-# pass (each leg is a warm restart from the last one's export). Once all three passes are
-# in, the leg is the long one (20,000 steps).
-[ $PASSES -ge 3 ] && LONG=20000 || LONG=8000
-export DATA DATA_SHARDS=0 STEPS=${STEPS:-$LONG} SEQ_LEN=${SEQ_LEN:-384}
+# the least used complete sampled pass, the newest on a tie; a finished leg's corpus names
+# its pass (..._t1passP); legs on the original corpora (smollm2_t1, smollm2_t1_t0) used
+# pass 0 and legs on every pass merged (..._moreN) used passes 0 .. N
+PASS=$(python -c "
+import json, os, re
+passes = 1 + min($(finished $MORE) // 68, 3)
+used = [0] * passes
+legs = '$KEEP/legs.jsonl'
+for line in open(legs) if os.path.exists(legs) else []:
+    data = json.loads(line).get('data', 'corpora/smollm2_t1')
+    one, every = re.search(r't1pass(\d+)$', data), re.search(r'_more(\d+)$', data)
+    for p in [int(one.group(1))] if one else range(1 + int(every.group(1)) if every else 1):
+        if p < passes:
+            used[p] += 1
+print(min(range(passes), key=lambda p: (used[p], -p)))")
+if [ $PASS -eq 0 ]; then
+  SAMPLED=corpora/smollm2_t1:0:68
+else
+  SAMPLED=$MORE:$(( 68 * (PASS - 1) )):$(( 68 * PASS ))
+fi
+DATA=runs/corpora/smollm2_t0_t1pass$PASS
+echo "leg $LEG: merging $GREEDY:0:68 $SAMPLED into $DATA"
+dblast data merge --out $DATA $GREEDY:0:68 $SAMPLED --exclude-prompts-of corpora/smollm2_t1:68:72
+export DATA DATA_SHARDS=0 STEPS=${STEPS:-8000} SEQ_LEN=${SEQ_LEN:-384}
 exec bash experiments/flagship/train_k1.sh "${EXTRA[@]}"
