@@ -1,53 +1,119 @@
-"""experiments/claims/dependent_drafters.sh with recording stand-ins for `python`
-(budget_curve.py) and `dblast`: every variant trains from the same trunk with the same
-recipe and only its own mechanism's flags, then all are validated together, paired
-against the K = 1 control."""
+"""experiments/claims/dependent_drafters.sh and dependent_table.py, run in a scratch copy of
+the repository layout with recording stand-ins for budget_curve.py and `dblast`: every
+variant trains from the same pinned trunk with the same recipe and only its own
+mechanism's flags, is validated alone and committed to KEEP, and the table pairs the
+committed per-batch numbers against the K = 1 control, across calls (machines)."""
 
+import json
 import os
 import shlex
+import shutil
 import stat
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "experiments", "claims", "dependent_drafters.sh")
+import numpy as np
 
-RECORDER = """#!{py}
-import os, sys
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CLAIMS = os.path.join(ROOT, "experiments", "claims")
+VARIANTS = ["k1_control", "dblast_k4", "correction", "block_causal", "k4_correction"]
+
+# `python experiments/budget/budget_curve.py ...` is recorded (and leaves the curve the
+# script reads); any other python call runs the real interpreter
+PYTHON = """#!{py}
+import os, sys, json
+if len(sys.argv) > 1 and sys.argv[1] == "experiments/budget/budget_curve.py":
+    with open({log!r}, "a") as f:
+        f.write(" ".join(["budget_curve.py"] + sys.argv[2:]) + "\\n")
+    arg = lambda k: next(a.split("=", 1)[1] for a in sys.argv if a.startswith(k + "="))
+    os.makedirs(arg("--workdir"), exist_ok=True)
+    with open(os.path.join(arg("--workdir"), "budget_curve.jsonl"), "w") as f:
+        f.write(json.dumps({{"step": int(arg("--max_steps")), "cpu_s": 12.5,
+                            "setup_cpu_s": 3.0}}) + "\\n")
+    sys.exit(0)
+os.execv({py!r}, [{py!r}] + sys.argv[1:])
+"""
+
+# `dblast validate`: per-batch AL of a drafter is a fixed function of its name and T_v,
+# so the expected paired gains are known
+DBLAST = """#!{py}
+import json, os, sys, zlib
 with open({log!r}, "a") as f:
-    f.write(" ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]) + "\\n")
-if "validate" in sys.argv:
-    out = sys.argv[sys.argv.index("--out") + 1]
+    f.write(" ".join(["dblast"] + sys.argv[1:]) + "\\n")
+if sys.argv[1] == "validate":
+    a = sys.argv
+    val = lambda k: a[a.index(k) + 1]
+    name = val("--drafter").split("=")[0]
+    t = float(val("--verify-temperature"))
+    n = int(val("--batches"))
+    level = 0.4 + (zlib.crc32(name.encode()) % 100) / 1000 + t / 10
+    per = [level + 0.01 * i for i in range(n)]
+    out = val("--out")
     os.makedirs(out, exist_ok=True)
-    open(os.path.join(out, "validation.md"), "w").write("| table of " + out + " |\\n")
+    settings = {{"command": "validate", "model": "smollm2-135m-instruct",
+                "drafter": [val("--drafter")], "data": val("--data"),
+                "shards": val("--shards"), "batches": n, "batch_size": 8,
+                "seq_len": int(val("--seq-len")), "anchors": 24, "verify_temperature": t,
+                "baseline": None, "seed": int(os.environ.get("FAKE_SEED", "1234")),
+                "out": out, "debug": False}}
+    results = {{name: {{"al_estimate": sum(per) / n, "al_estimate_se": 0.001,
+                       "per_batch": {{"al_estimate": per}}}}}}
+    json.dump({{"settings": settings, "results": results}}, open(out + "/validation.json", "w"))
 """
 
 
-def _run(tmp_path, **env):
-    log = tmp_path / "calls.txt"
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name in ("python", "dblast"):
-        (bin_dir / name).write_text(RECORDER.format(py=sys.executable, log=str(log)))
+def _layout(repo):
+    claims = repo / "experiments" / "claims"
+    claims.mkdir(parents=True, exist_ok=True)
+    for f in ("dependent_drafters.sh", "dependent_table.py"):
+        shutil.copy(os.path.join(CLAIMS, f), claims)
+    bin_dir = repo / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    log = repo / "calls.txt"
+    for name, text in (("python", PYTHON), ("dblast", DBLAST)):
+        (bin_dir / name).write_text(text.format(py=sys.executable, log=str(log)))
         (bin_dir / name).chmod(0o755 | stat.S_IEXEC)
-    trunk = tmp_path / "trunk"
-    trunk.mkdir()
-    (trunk / "config.json").write_text("{}")
-    full = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", TRUNK=str(trunk),
-                OUT=str(tmp_path / "out"), DATA="some/corpus", **env)
-    done = subprocess.run(["bash", SCRIPT], env=full, capture_output=True, text=True)
-    calls = [shlex.split(line) for line in log.read_text().splitlines()] if log.exists() else []
-    return done, calls, trunk
+    return bin_dir, log
 
 
-def test_variants_share_the_recipe_and_differ_only_in_their_mechanism(tmp_path):
-    done, calls, trunk = _run(tmp_path, STEPS="7")
+def _trunk(folder, weights=b"trunk weights"):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(weights)
+    return folder
+
+
+def _run(repo, **env):
+    bin_dir, log = _layout(repo)
+    start = len(log.read_text().splitlines()) if log.exists() else 0
+    full = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(repo / "out"),
+                KEEP=str(repo / "keep"), DATA="some/corpus",
+                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **env)
+    for k in ("STEPS", "VARIANTS", "TRUNK", "TRUNK_AT"):
+        if k not in env:
+            full.pop(k, None)
+    done = subprocess.run(["bash", str(repo / "experiments" / "claims" /
+                                       "dependent_drafters.sh")],
+                          env=full, capture_output=True, text=True, timeout=300)
+    lines = log.read_text().splitlines()[start:] if log.exists() else []
+    return done, [shlex.split(line) for line in lines]
+
+
+def _expected_gain(name, base, t, n=16):
+    import zlib
+    level = lambda v: 0.4 + (zlib.crc32(v.encode()) % 100) / 1000 + t / 10
+    mean = lambda v: level(v) + 0.01 * (n - 1) / 2
+    return 100 * (mean(name) / mean(base) - 1)
+
+
+def test_variants_share_the_recipe_and_land_in_keep_with_a_paired_table(tmp_path):
+    trunk = _trunk(tmp_path / "trunk")
+    done, calls = _run(tmp_path, STEPS="7", TRUNK=str(trunk))
     assert done.returncode == 0, done.stderr
-    trains = [c for c in calls if "experiments/budget/budget_curve.py" in c]
-    validates = [c for c in calls if "validate" in c]
-    assert len(trains) == 5 and len(validates) == 3
-    mechanism = {}
-    shared = None
+    trains = [c for c in calls if c[0] == "budget_curve.py"]
+    validates = [c for c in calls if c[:2] == ["dblast", "validate"]]
+    assert len(trains) == 5 and len(validates) == 15
+    mechanism, shared = {}, None
     for c in trains:
         name = os.path.basename(next(a for a in c if a.startswith("--workdir="))
                                 .split("=", 1)[1])
@@ -67,21 +133,104 @@ def test_variants_share_the_recipe_and_differ_only_in_their_mechanism(tmp_path):
                           "--override=correction=previous-token"]}
     assert {f"--override=drafter_init=drafter:{trunk}", "--max_steps=7",
             "--override=data=some/corpus", "--override=seq_len=384"} <= set(shared)
-    temps = [v[v.index("--verify-temperature") + 1] for v in validates]
-    assert temps == ["0.7", "1.0", "1.5"]
-    for v in validates:
-        assert v[v.index("--baseline") + 1] == "k1_control"
-        assert [v[i + 1].split("=")[0] for i, a in enumerate(v) if a == "--drafter"] == [
-            "k1_control", "dblast_k4", "correction", "block_causal", "k4_correction"]
-    assert "## T_v = 1.5" in done.stdout and "validate_t1.5 |" in done.stdout
+    for v in validates:  # each variant alone, never against a baseline in the same call
+        assert "--baseline" not in v and len([a for a in v if a == "--drafter"]) == 1
+    assert sorted({v[v.index("--verify-temperature") + 1] for v in validates}) == [
+        "0.7", "1.0", "1.5"]
+    keep = tmp_path / "keep"
+    for name in VARIANTS:
+        record = json.loads((keep / name / "training.json").read_text())
+        assert record["steps"] == 7 and record["cpu_s"] == 12.5
+        assert record["trunk"] == str(trunk) and len(record["trunk_sha256"]) == 64
+    table = (keep / "table.md").read_text()
+    assert table in done.stdout
+    assert "AL gain vs k1_control (paired SE)" in table and "T_v = 1.5" in table
+    row = next(line for line in table.splitlines()[table.splitlines().index("T_v = 1.5 "
+               "(corpora/smollm2_heldout_t15 shards 0:4, 16 batches):"):]
+               if line.startswith("| dblast_k4 |"))
+    # per-batch differences are constant in the stand-in: the paired SE is 0
+    assert f"{_expected_gain('dblast_k4', 'k1_control', 1.5):+.1f}% ± 0.0%" in row
+
+    # another machine: the finished variants are not trained again, the table is redrawn
+    shutil.rmtree(tmp_path / "out")
+    done, calls = _run(tmp_path, STEPS="7", TRUNK=str(trunk))
+    assert done.returncode == 0, done.stderr
+    assert calls == [] and "k1_control: finished" in done.stdout
+    assert (keep / "table.md").read_text() == table
+
+
+def test_results_of_another_trunk_or_other_batches_are_refused(tmp_path):
+    trunk = _trunk(tmp_path / "trunk")
+    done, _ = _run(tmp_path, STEPS="3", TRUNK=str(trunk), VARIANTS="k1_control")
+    assert done.returncode == 0, done.stderr
+    other = _trunk(tmp_path / "other", weights=b"another trunk")
+    done, calls = _run(tmp_path, STEPS="3", TRUNK=str(other), VARIANTS="dblast_k4")
+    assert done.returncode == 1 and calls == []
+    assert "trained from another trunk" in done.stderr
+    # a variant validated on other batches (another anchor seed) cannot be paired
+    done, _ = _run(tmp_path, STEPS="3", TRUNK=str(trunk), VARIANTS="k1_control dblast_k4",
+                   FAKE_SEED="99")
+    assert done.returncode != 0 and "settings differ: ['seed']" in done.stderr
 
 
 def test_a_subset_without_the_control_and_an_unknown_variant(tmp_path):
-    done, calls, _ = _run(tmp_path, VARIANTS="correction block_causal", STEPS="3")
+    trunk = _trunk(tmp_path / "trunk")
+    done, calls = _run(tmp_path, VARIANTS="correction block_causal", STEPS="3",
+                       TRUNK=str(trunk))
     assert done.returncode == 0, done.stderr
-    validates = [c for c in calls if "validate" in c]
-    assert validates and all("--baseline" not in v for v in validates)
+    assert "gain vs" not in (tmp_path / "keep" / "table.md").read_text()
     again = tmp_path / "again"
     again.mkdir()
-    done, calls, _ = _run(again, VARIANTS="k8_magic")
+    done, calls = _run(again, VARIANTS="correction k8_magic", TRUNK=str(trunk))
     assert done.returncode == 1 and "unknown variant k8_magic" in done.stderr
+    assert calls == []  # refused before any variant trains
+
+
+def test_the_trunk_is_pinned_by_commit(tmp_path):
+    """Without TRUNK the flagship export as committed at TRUNK_AT is the trunk, whatever
+    the flagship folder holds now."""
+    git = lambda *a: subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t",
+                                     *a], cwd=tmp_path, check=True, capture_output=True,
+                                    text=True).stdout.strip()
+    git("init", "-q")
+    drafter = _trunk(tmp_path / "experiments" / "flagship" / "k1" / "drafter", b"leg 3")
+    git("add", "-A")
+    git("commit", "-qm", "leg 3")
+    pinned = git("rev-parse", "--short", "HEAD")
+    (drafter / "model.safetensors").write_bytes(b"leg 4")  # a later leg
+    done, calls = _run(tmp_path, STEPS="2", VARIANTS="k1_control", TRUNK_AT=pinned)
+    assert done.returncode == 0, done.stderr
+    materialised = tmp_path / "out" / f"trunk_{pinned}"
+    assert (materialised / "model.safetensors").read_bytes() == b"leg 3"
+    assert f"--override=drafter_init=drafter:{materialised}" in calls[0]
+    record = json.loads((tmp_path / "keep" / "k1_control" / "training.json").read_text())
+    assert record["trunk"] == pinned
+    import hashlib
+    assert record["trunk_sha256"] == hashlib.sha256(b"leg 3").hexdigest()
+    done, _ = _run(tmp_path, VARIANTS="k1_control", TRUNK_AT="0000000")
+    assert done.returncode == 1 and "no experiments/flagship/k1/drafter at commit" in done.stderr
+
+
+def test_the_paired_gain_matches_numpy(tmp_path):
+    """The table's paired SE is the SE of the per-batch differences, relative to the
+    control's mean (checked with noisy per-batch values)."""
+    keep = tmp_path / "keep"
+    rng = np.random.default_rng(0)
+    base = rng.uniform(0.3, 0.5, 16)
+    other = base + rng.normal(0.02, 0.01, 16)
+    for name, per in (("k1_control", base), ("dblast_k4", other)):
+        (keep / name).mkdir(parents=True)
+        (keep / name / "training.json").write_text(json.dumps(
+            {"steps": 10, "cpu_s": 1.0, "trunk": "abc", "trunk_sha256": "0" * 64}))
+        for t in ("0.7", "1.0", "1.5"):
+            (keep / name / f"validate_t{t}.json").write_text(json.dumps(
+                {"settings": {"data": "d", "shards": "0:4", "batches": 16, "out": name},
+                 "results": {name: {"al_estimate": float(per.mean()),
+                                    "per_batch": {"al_estimate": per.tolist()}}}}))
+    done = subprocess.run([sys.executable, os.path.join(CLAIMS, "dependent_table.py"),
+                           f"--keep={keep}"], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+    assert done.returncode == 0, done.stderr
+    gain = 100 * (other.mean() / base.mean() - 1)
+    se = 100 * (other - base).std(ddof=1) / np.sqrt(16) / base.mean()
+    assert f"{gain:+.1f}% ± {se:.1f}%" in done.stdout

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # DBlast against the other ways of making a block drafter dependent (issue 32), under the
 # same exact verifier: every variant trains STEPS steps (default 10,000) from the same K = 1
-# trunk (the flagship's latest export, experiments/flagship/k1/drafter) on the same data
+# trunk (the flagship's export as committed at TRUNK_AT: leg 3's, held out 0.469) on the same data
 # (the flagship's sampled + greedy answers, 384-token window, bfloat16 feature cache),
 # with the flagship's recipe (distillation to the target's top-64, the sampled head, lr
 # 5e-4 cosine), and is scored by `dblast validate` on the same held-out batches at
@@ -16,27 +16,48 @@
 #
 #     bash experiments/claims/dependent_drafters.sh                 # all, or resume
 #     VARIANTS="k1_control correction" bash experiments/claims/dependent_drafters.sh
-#     STEPS=2 BATCHES=1 DATA=... OUT=/tmp/dry bash experiments/claims/dependent_drafters.sh
+#     STEPS=2 BATCHES=1 DATA=... OUT=/tmp/dry KEEP=/tmp/dry/keep \
+#         bash experiments/claims/dependent_drafters.sh
 #
-# Each variant is a resumable run in $OUT/NAME (a finished one returns at once); a variant
-# finished on a machine that is then lost must be trained again, so run one or two per
-# working day (~1.2 h each at 10,000 steps on 2 cores, after a ~1 h feature cache) or all
-# of them where an accelerator is lent. The validations land in $OUT/validate_t{0.7,1.0,1.5}
-# (validation.md: the paired table for RESULTS.md).
+# The comparison is built one variant at a time, across machines: a variant trains as a
+# resumable run in $OUT/NAME (runs/, lost with the machine), is validated alone at the
+# three T_v, and its results are committed to $KEEP/NAME (training.json: steps, training
+# CPU-s, the trunk's sha256; validate_t{0.7,1.0,1.5}.json). A variant with its results in
+# $KEEP is never trained again. Every variant is scored on the same held-out batches, so
+# dependent_table.py pairs the committed per-batch numbers as one joint run would; it
+# writes $KEEP/table.md once the variants asked for are all in. One variant is ~70 min of
+# feature cache plus ~1.5 h (K = 1) to ~2 h (K = 4) of 10,000 steps on 2 cores: one a
+# working day when the flagship leg does not run, or all of them where an accelerator is
+# lent. The trunk is pinned by commit (TRUNK_AT), not by path, so that later flagship legs
+# do not change it under a half-finished comparison; a different trunk is refused.
 set -u
 cd "$(dirname "$0")/../.."
 STEPS=${STEPS:-10000}
 BATCHES=${BATCHES:-16}
 OUT=${OUT:-runs/dependent}
-TRUNK=${TRUNK:-experiments/flagship/k1/drafter}
+KEEP=${KEEP:-experiments/claims/dependent}
+TRUNK_AT=${TRUNK_AT:-5a32165}  # "Flagship leg 3 recorded"
 VARIANTS=${VARIANTS:-"k1_control dblast_k4 correction block_causal k4_correction"}
-mkdir -p "$OUT"
+mkdir -p "$OUT" "$KEEP"
+TRUNK_GIVEN=${TRUNK-}
+if [ -z "$TRUNK_GIVEN" ]; then  # the flagship's export as committed at TRUNK_AT
+  TRUNK=$OUT/trunk_$TRUNK_AT
+  if [ ! -f "$TRUNK/config.json" ]; then
+    files=$(git ls-tree --name-only "$TRUNK_AT" experiments/flagship/k1/drafter/ 2>/dev/null)
+    [ -n "$files" ] || { echo "no experiments/flagship/k1/drafter at commit $TRUNK_AT" \
+      "(a shallow clone? git fetch --unshallow, or set TRUNK to a drafter folder)" >&2; exit 1; }
+    rm -rf "$TRUNK.tmp" && mkdir -p "$TRUNK.tmp"
+    for f in $files; do git show "$TRUNK_AT:$f" > "$TRUNK.tmp/$(basename "$f")" || exit 1; done
+    mv "$TRUNK.tmp" "$TRUNK"
+  fi
+fi
+[ -f "$TRUNK/config.json" ] || { echo "no trunk at $TRUNK (config.json)" >&2; exit 1; }
+TRUNK_SHA=$(cat "$TRUNK"/*.safetensors | sha256sum | cut -d' ' -f1)
 if [ -z "${DATA-}" ]; then  # the flagship's leg-3 data: sampled + greedy answers
   DATA=runs/corpora/smollm2_t1_t0
   [ -f $DATA/manifest.json ] || dblast data merge --out $DATA corpora/smollm2_t1:0:68 \
     corpora/smollm2_t0:0:68 --exclude-prompts-of corpora/smollm2_t1:68:72 >> "$OUT/data.log"
 fi
-[ -f "$TRUNK/config.json" ] || { echo "no trunk at $TRUNK (config.json)" >&2; exit 1; }
 
 flags_of() {  # the experiment and overrides that make variant $1
   case $1 in
@@ -49,9 +70,27 @@ flags_of() {  # the experiment and overrides that make variant $1
             "k4_correction)" >&2; return 1 ;;
   esac
 }
+for v in $VARIANTS; do flags_of $v > /dev/null || exit 1; done
+for f in "$KEEP"/*/training.json; do  # results of another trunk are never mixed in
+  [ -f "$f" ] || continue
+  grep -q "\"trunk_sha256\": \"$TRUNK_SHA\"" "$f" || { echo "$f was trained from another" \
+    "trunk than $TRUNK (sha256 $TRUNK_SHA): move $KEEP aside or set TRUNK_AT to its" \
+    "commit" >&2; exit 1; }
+done
+
+# dblast validate of variant $1 alone at T_v = $2 on data $3 shards $4 -> $KEEP/$1
+validate() {
+  local out=$OUT/$1.validate_t$2
+  [ -f "$out/validation.json" ] || nice -n 10 dblast validate --batches $BATCHES \
+    --seq-len 384 --drafter "$1=$OUT/$1" --data $3 --shards $4 --verify-temperature $2 \
+    --out "$out" --no-progress >> "$out.log" 2>&1 \
+    || { echo "validation $out failed; see $out.log" >&2; exit 1; }
+  cp "$out/validation.json" "$KEEP/$1/validate_t$2.json"
+}
 
 for v in $VARIANTS; do
-  f=$(flags_of $v) || exit 1
+  [ -f "$KEEP/$v/training.json" ] && { echo "$v: finished ($KEEP/$v)"; continue; }
+  f=$(flags_of $v)
   # shellcheck disable=SC2086  # $f is a list of flags
   nice -n 10 python experiments/budget/budget_curve.py --workdir="$OUT/$v" $f \
     --max_steps=$STEPS --segment_steps=$(( STEPS >= 2000 ? 2000 : STEPS )) \
@@ -65,18 +104,24 @@ for v in $VARIANTS; do
     --override=train_head_tokens=4096 --override=train_head_sampled=1024 \
     --override=distill_weight=1.0 --override=drafter_init=drafter:$TRUNK \
     >> "$OUT/$v.log" 2>&1 || { echo "variant $v stopped; see $OUT/$v.log" >&2; exit 1; }
+  mkdir -p "$KEEP/$v"
+  validate $v 0.7 corpora/smollm2_t1 68:72
+  validate $v 1.0 corpora/smollm2_t1 68:72
+  validate $v 1.5 corpora/smollm2_heldout_t15 0:4
+  # written last: a kill before it trains nothing again (the run has finished) but
+  # repeats the validations
+  python - "$OUT/$v/budget_curve.jsonl" "$KEEP/$v/training.json" "$TRUNK_AT" "$TRUNK_SHA" \
+      "$TRUNK_GIVEN" <<'PY' || exit 1
+import json, os, sys, time
+curve, out, at, sha, given = sys.argv[1:]
+last = [json.loads(line) for line in open(curve) if line.strip()][-1]
+record = {"steps": last["step"], "cpu_s": last["cpu_s"],
+          "setup_cpu_s": last.get("setup_cpu_s"), "trunk": given or at,
+          "trunk_sha256": sha, "date": time.strftime("%Y-%m-%d")}
+with open(out + ".tmp", "w") as f:
+    json.dump(record, f, indent=1)
+os.replace(out + ".tmp", out)
+PY
+  echo "$v: finished and recorded in $KEEP/$v"
 done
-
-D=()
-for v in $VARIANTS; do D+=(--drafter "$v=$OUT/$v"); done
-BASE=(--baseline k1_control)
-case " $VARIANTS " in *" k1_control "*) ;; *) BASE=() ;; esac
-validate() { local out=$1; shift
-  [ -f "$out/validation.json" ] || nice -n 10 dblast validate --batches $BATCHES \
-    --seq-len 384 "${D[@]}" "${BASE[@]}" --out "$out" --no-progress "$@" >> "$out.log" 2>&1 \
-    || { echo "validation $out failed; see $out.log" >&2; exit 1; }; }
-validate "$OUT/validate_t0.7" --data corpora/smollm2_t1 --shards 68:72 --verify-temperature 0.7
-validate "$OUT/validate_t1.0" --data corpora/smollm2_t1 --shards 68:72 --verify-temperature 1.0
-validate "$OUT/validate_t1.5" --data corpora/smollm2_heldout_t15 --shards 0:4 \
-  --verify-temperature 1.5
-for t in 0.7 1.0 1.5; do echo "## T_v = $t"; cat "$OUT/validate_t$t/validation.md"; done
+python experiments/claims/dependent_table.py --keep="$KEEP" --variants="$(echo $VARIANTS | tr ' ' ,)"
