@@ -10,10 +10,18 @@
                  tokens) against one plain decode step, with the drafter's full LM head
                  and with draft-time vocabularies of N tokens (--draft-vocab), for a
                  drafter that ships its token counts (e.g. pretrained:smollm2-dflash-k1).
+  mechanism-cost : the draft and the whole speculative step (draft + verify + cache
+                 updates: the loop body) of each way of making a block dependent - the K = 4
+                 mixture, the serial previous-token correction, block-causal drafting,
+                 K = 4 + correction - against the independent K = 1 drafter and a plain
+                 decode step, at --mechanism-temperature with sampled drafts (the cost
+                 column of the dependent-drafter comparison, issue 32).
 
     python benchmarks/bench_speculative.py --parts drafter-cost loop e2e
     python benchmarks/bench_speculative.py --parts draft-vocab \
         --drafter pretrained:smollm2-dflash-k1 --batch 1 8 --draft-vocab 4096 8192 16384
+    python benchmarks/bench_speculative.py --parts mechanism-cost --batch 1 8 \
+        --json benchmarks/results_mechanism_cost.json
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from dblast_jax import draft_vocab as DV
 from dblast_jax.config import DrafterConfig, SamplingConfig, TargetConfig
 from dblast_jax.generation import (acceptance_stats, drafter_from_spec, encode_prompts,
                                    init_drafter, load_drafter, load_target, with_draft_vocab)
+from dblast_jax import sampler as S
 from dblast_jax.models import drafter as D
 from dblast_jax.models import target as T
 from dblast_jax.sampler import (cache_size_for, generate_tokens, pad_prompts,
@@ -156,6 +165,63 @@ def draft_vocab_cost(target, drafter, sizes, batches, repeats):
     return rows
 
 
+# name -> (DrafterConfig.for_target options, verify mode at T > 0): the variants of
+# experiments/claims/dependent_drafters.sh, each drafted and verified the way it decodes
+MECHANISMS = {
+    "k1": (dict(num_categories=1), "sampled-branch"),
+    "dblast_k4": (dict(num_categories=4), "sampled-mixture"),
+    "correction": (dict(num_categories=1, correction="previous-token"), "sampled-branch"),
+    "block_causal": (dict(num_categories=1, block_attention="causal"), "sampled-branch"),
+    "k4_correction": (dict(num_categories=4, correction="previous-token"), "sampled-mixture"),
+}
+
+
+def mechanism_cost(target, block, batches, temperature, repeats, ctx=64):
+    """ms of the draft and of one whole speculative step (the while_loop's body) of each
+    mechanism, timed side by side with a plain decode step; ratios against K = 1. The
+    drafters are untrained: the cost does not depend on the weights."""
+    rows = []
+    tc = target.config
+    for batch in batches:
+        tokens = jnp.ones((batch, ctx), jnp.int32)
+        lengths = jnp.full((batch,), ctx, jnp.int32)
+        plain_cache = ctx + block + 64
+        _, _, tcache = T.prefill(target.params, tokens, lengths, config=tc,
+                                 cache_size=plain_cache)
+        extend = jax.jit(functools.partial(T.extend, config=tc))
+        pos = jnp.full((batch,), ctx, jnp.int32)
+        calls = {"plain": lambda: extend(target.params, tokens[:, :1], pos, tcache)[0]}
+        for name, (options, mode) in MECHANISMS.items():
+            dcfg = DrafterConfig.for_target(tc, num_layers=1, block_size=block, **options)
+            drafter = init_drafter(target, dcfg, 0)
+            sampling = SamplingConfig(temperature=temperature, max_new_tokens=64,
+                                      verify_mode=mode, stop_tokens=())
+            cache = spec_cache_size(ctx, sampling, block)
+            init = jax.jit(S._spec_init, static_argnums=(5, 6, 7, 8))
+            state = init(target.params, drafter.params, tokens, lengths, jax.random.key(0),
+                         tc, dcfg, sampling, cache)
+            body = jax.jit(functools.partial(S._spec_body, tcfg=tc, dcfg=dcfg,
+                                             sampling=sampling))
+            draft = jax.jit(lambda st, dp, dcfg=dcfg, sampling=sampling: S._draft(
+                dp, target.params, st, S.step_keys(st.rng, st.step), tc, dcfg, sampling))
+            calls[f"{name}/draft"] = functools.partial(draft, state, drafter.params)
+            calls[f"{name}/step"] = functools.partial(body, state, target.params,
+                                                      drafter.params)
+        t = interleaved_median_times(calls, repeats)
+        for name in MECHANISMS:
+            rows.append({"part": "mechanism-cost", "batch": batch, "block": block,
+                         "temperature": temperature, "mechanism": name,
+                         "verify_mode": MECHANISMS[name][1],
+                         "plain_step_ms": 1e3 * t["plain"],
+                         "draft_ms": 1e3 * t[f"{name}/draft"],
+                         "step_ms": 1e3 * t[f"{name}/step"],
+                         "draft_over_k1": t[f"{name}/draft"] / t["k1/draft"],
+                         "step_over_k1": t[f"{name}/step"] / t["k1/step"],
+                         "step_over_plain": t[f"{name}/step"] / t["plain"]})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def loop_overhead(steps, repeats):
     tc = TargetConfig.tiny_llama()
     target_params = T.init_params(tc, 0)
@@ -225,18 +291,24 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--draft-vocab", type=int, nargs="+", default=[4096, 8192, 16384],
                         help="draft-vocab part: the vocabulary sizes to time")
+    parser.add_argument("--mechanism-temperature", type=float, default=1.5,
+                        help="mechanism-cost part: the sampling temperature (> 0: drafts "
+                             "sampled, as the dependent drafters decode at high T)")
     parser.add_argument("--json", help="also write all rows here")
     args = parser.parse_args()
 
     rows = []
     target = None
-    if {"drafter-cost", "e2e", "draft-vocab"} & set(args.parts):
+    if {"drafter-cost", "e2e", "draft-vocab", "mechanism-cost"} & set(args.parts):
         target = load_target(args.model)
     if "drafter-cost" in args.parts:
         rows += drafter_cost(target, args.block, args.batch, args.repeats)
     if "draft-vocab" in args.parts:
         rows += draft_vocab_cost(target, drafter_from_spec(args.drafter, target),
                                  args.draft_vocab, args.batch, args.repeats)
+    if "mechanism-cost" in args.parts:
+        rows += mechanism_cost(target, args.block, args.batch, args.mechanism_temperature,
+                               args.repeats)
     if "loop" in args.parts:
         rows += loop_overhead(args.loop_steps, args.repeats)
     if "e2e" in args.parts:
