@@ -234,3 +234,16 @@ def test_the_paired_gain_matches_numpy(tmp_path):
     gain = 100 * (other.mean() / base.mean() - 1)
     se = 100 * (other - base).std(ddof=1) / np.sqrt(16) / base.mean()
     assert f"{gain:+.1f}% ± {se:.1f}%" in done.stdout
+
+
+def test_a_corrupt_result_is_one_line_naming_its_file(tmp_path):
+    keep = tmp_path / "keep" / "k1_control"
+    keep.mkdir(parents=True)
+    (keep / "training.json").write_text("{not json")
+    for t in ("0.7", "1.0", "1.5"):
+        (keep / f"validate_t{t}.json").write_text("{}")
+    done = subprocess.run([sys.executable, os.path.join(CLAIMS, "dependent_table.py"),
+                           f"--keep={tmp_path / 'keep'}"], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "training.json: unreadable" in done.stderr.strip().splitlines()[-1]

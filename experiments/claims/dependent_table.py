@@ -99,7 +99,10 @@ def comparison(keep: str, variants: list[str], baseline: str) -> str:
 
 def main(argv: list[str]) -> None:
     del argv
-    table = comparison(FLAGS.keep, FLAGS.variants, FLAGS.baseline)
+    try:
+        table = comparison(FLAGS.keep, FLAGS.variants, FLAGS.baseline)
+    except ValueError as e:  # a missing, unreadable or unpairable result: one line
+        raise SystemExit(f"dependent_table.py: {e}") from None
     path = os.path.join(FLAGS.keep, "table.md")
     with open(path + ".tmp", "w") as f:
         f.write(table)
