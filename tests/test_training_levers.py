@@ -367,3 +367,45 @@ def test_tap_rms_scaling_trains_resumes_and_matches_the_cache(corpus, tmp_path):
     cached = _train(_cfg(corpus, *more, f"feature_cache={tmp_path / 'fc'}"), tmp_path / "cached")
     for a, b in zip(live, cached.history):
         np.testing.assert_allclose(b["loss"], a["loss"], rtol=1e-4)
+
+
+def test_warm_start_grows_a_trunk_in_depth_as_the_identity():
+    """A 1-layer source into a 2-layer run: layer 0 and everything else copied, the new top
+    layer zero in o_proj / down_proj, so the grown drafter's states equal the source's
+    exactly; the new layer still gets gradients, and a deeper source is refused."""
+    from dblast_jax.config import DrafterConfig
+    from dblast_jax.models import drafter as D
+    from dblast_jax.models import target as T
+    from dblast_jax.train import warm_start
+    from conftest import tiny_target
+    tc, tp, _ = tiny_target()
+    shallow = DrafterConfig.for_target(tc, num_layers=1, block_size=4,
+                                       mask_token_id=tc.vocab_size - 1)
+    deep = shallow.replace(num_layers=2)
+    gen = np.random.default_rng(3)
+    source = jax.tree.map(  # a "trained" source: every tensor away from its init
+        lambda a: (gen.standard_normal(a.shape) / np.sqrt(a.shape[-1])).astype(np.float32),
+        D.init_drafter_params(shallow, tc, 1))
+    grown = warm_start.warm_start_from_drafter(D.init_drafter_params(deep, tc, 2), deep,
+                                               source, shallow)
+    flat, src = warm_start._flat(grown), warm_start._flat(source)
+    for key, value in src.items():
+        np.testing.assert_array_equal(flat[key], value, err_msg=key)
+    assert not np.any(flat["layers/1/attn/o_proj/kernel"])
+    assert not np.any(flat["layers/1/mlp/down_proj/kernel"])
+    assert np.any(flat["layers/1/attn/q_proj/kernel"])  # the rest keeps its random init
+
+    tokens = jnp.asarray(gen.integers(0, tc.vocab_size - 1, (2, 12)), jnp.int32)
+    _, taps = T.forward(tp, tokens, config=tc, tap_layers=shallow.target_layer_ids)
+    anchors = jnp.asarray([[0, 3, 7], [1, 5, 8]], jnp.int32)
+
+    def hidden(p, dc):
+        return D.train_hidden(p, tp, taps, tokens, anchors, drafter_config=dc,
+                              target_config=tc)[0]
+
+    np.testing.assert_allclose(hidden(grown, deep), hidden(source, shallow), atol=1e-5)
+    grads = jax.grad(lambda p: jnp.sum(hidden(p, deep) ** 2))(grown)
+    assert np.any(np.asarray(grads["layers"][1]["attn"]["o_proj"]["kernel"]))
+    assert np.any(np.asarray(grads["layers"][1]["mlp"]["down_proj"]["kernel"]))
+    with pytest.raises(ValueError, match="num_layers"):
+        warm_start.warm_start_from_drafter(source, shallow, grown, deep)

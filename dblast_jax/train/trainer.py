@@ -347,6 +347,10 @@ class Trainer:
                 source, self.target_config, cfg.target, log=self.log)
             host = warm_start.warm_start_from_drafter(host, self.drafter_config, src_params,
                                                       src_config)
+            if src_config.num_layers < self.drafter_config.num_layers:
+                self.log(f"drafter_init: growing {source} from {src_config.num_layers} to "
+                         f"{self.drafter_config.num_layers} layers (new layers start as the "
+                         "identity: zero o_proj and down_proj)")
         row_scale = None
         if cfg.tap_rms_scaling:
             row_scale = tap_scaling.fc_row_scale(self._tap_rms())

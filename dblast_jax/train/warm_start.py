@@ -18,6 +18,13 @@ when going from K = 1 to K > 1) keeps its initialisation. With the expander's sm
 initial offsets and a zero prior, a K = 4 drafter started from a K = 1 one drafts like it
 at step 0, so training the mixture costs only the steps that split the branches rather
 than a whole run at K times the LM-head cost per step.
+
+A source with fewer layers than the run grows in depth: its layers are copied into the
+bottom of the stack and each new layer on top starts with zero output projections
+(attn/o_proj and mlp/down_proj), so that it adds nothing to the residual stream and the
+deeper drafter drafts exactly like the source at step 0. The zero projections receive
+gradients at once, the rest of the new layer (random as usual) as soon as they move; a
+depth run thus continues a trained trunk instead of repeating its steps.
 """
 
 from __future__ import annotations
@@ -42,6 +49,9 @@ _WHO = f"drafter_init={DRAFTER_PREFIX}SPEC"  # how errors name the option
 # (block_attention too: a causal block has the trunk's parameters, attending differently)
 _HEAD_FIELDS = ("num_categories", "expander_width", "correction", "correction_rank",
                 "block_attention", "name")
+# the tensors of a new top layer that are zeroed when a run grows a source in depth: with
+# them zero the layer is the identity on the residual stream
+_GROWN_ZEROED = ("attn/o_proj/kernel", "mlp/down_proj/kernel")
 # parameter subtrees that a K > 1 drafter (or one with a correction head) has and a K = 1
 # drafter lacks: a run may add them to the trunk it starts from
 _HEAD_PARAMS = ("expander", "prior", "correction")
@@ -120,13 +130,16 @@ def load_source_drafter(spec: str, target_config: TargetConfig, target_name: str
 def warm_start_from_drafter(dparams: Params, drafter_config: DrafterConfig,
                             source_params: Params, source_config: DrafterConfig) -> Params:
     """A copy of host drafter params `dparams` with every tensor of `source_params` (a
-    trained drafter of the same trunk) copied in; see the module doc. Raises ValueError
-    naming the difference when the source is not the same trunk (layers, taps, block
-    size, mask, heads) or has heads the new drafter lacks (K > 1 into K = 1)."""
+    trained drafter of the same trunk, or a shallower one: it grows, see the module doc)
+    copied in. Raises ValueError naming the difference when the source is not the same
+    trunk (taps, block size, mask, layer shape, heads), is deeper than the run, or has
+    heads the new drafter lacks (K > 1 into K = 1)."""
     mine = {f.name: getattr(drafter_config, f.name) for f in dataclasses.fields(drafter_config)}
     theirs = {f.name: getattr(source_config, f.name) for f in dataclasses.fields(source_config)}
+    grows = source_config.num_layers < drafter_config.num_layers
     differ = [f"{k}: {theirs[k]!r} vs {mine[k]!r}" for k in mine
-              if k not in _HEAD_FIELDS and _as_tuple(theirs[k]) != _as_tuple(mine[k])]
+              if k not in _HEAD_FIELDS and not (k == "num_layers" and grows)
+              and _as_tuple(theirs[k]) != _as_tuple(mine[k])]
     if differ:
         raise ValueError(f"{_WHO}: the source drafter is not the same "
                          "trunk as this run's (source vs run: " + "; ".join(differ) + ")")
@@ -140,8 +153,11 @@ def warm_start_from_drafter(dparams: Params, drafter_config: DrafterConfig,
                          "only K = 1 -> any K or the same K are supported")
     out = jax.tree.map(np.array, dparams)
     flat_out, flat_src = _flat(out), _flat(jax.device_get(source_params))
+    new_layers = range(source_config.num_layers, drafter_config.num_layers)
+    grown = {f"layers/{i}/" for i in new_layers}
     missing = sorted(k for k in flat_out if k not in flat_src
-                     and k.split("/")[0] not in _HEAD_PARAMS)
+                     and k.split("/")[0] not in _HEAD_PARAMS
+                     and not any(k.startswith(g) for g in grown))
     extra = sorted(k for k in flat_src if k not in flat_out)
     if missing or extra:
         raise ValueError(f"{_WHO}: parameters missing in the source "
@@ -153,6 +169,10 @@ def warm_start_from_drafter(dparams: Params, drafter_config: DrafterConfig,
             raise ValueError(f"{_WHO}: {key} is {value.shape} in the "
                              f"source, {want.shape} in this run")
         set_leaf(out, key, value.astype(want.dtype))
+    for i in new_layers:
+        for name in _GROWN_ZEROED:
+            key = f"layers/{i}/{name}"
+            set_leaf(out, key, np.zeros_like(flat_out[key]))
     return out
 
 
