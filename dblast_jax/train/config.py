@@ -71,8 +71,8 @@ class TrainConfig:
     distill_topk: int = 64
     # "random"; "target": drafter layers / norms start from the target's own layers after
     # the deepest tap; "drafter:SPEC": every tensor of a trained drafter of the same trunk
-    # (workdir, export folder or pretrained:NAME; e.g. a K = 1 run to start K = 4 from)
-    # (train/warm_start.py)
+    # (workdir, export folder or pretrained:NAME; e.g. a K = 1 run to start K = 4 from),
+    # or of a shallower one, grown by identity layers on top (train/warm_start.py)
     drafter_init: str = "random"
     # True: fc trains as on taps divided by their per-channel RMS (measured on the first
     # training records): its rows start at init / RMS and learn at lr / RMS, an optimizer
