@@ -73,6 +73,8 @@ def test_curve_in_segments_resumes_and_plots(tmp_path):
     # the extra held-out sets' metrics are kept too (scored here by the first segment only)
     assert legs[0]["start"]["last/al_estimate"] == rows[0]["last/al_estimate"]
     assert "last/al_estimate" not in legs[0]["end"] and legs[0]["seq_len"] == 256
+    # a leg.json without a depth is a 1-layer leg of a chain that started from nothing
+    assert legs[0]["drafter_layers"] == 1 and "prior_cpu_s" not in legs[0]
     assert "already recorded" in done.stdout
     assert (keep / "drafter" / "config.json").is_file()  # the next leg's starting point
     assert (keep / "curve_leg1.jsonl").read_text() == (wd / "budget_curve.jsonl").read_text()

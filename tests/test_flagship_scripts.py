@@ -13,6 +13,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "experiments", "flagship", "train_on_grown_corpus.sh")
+TRAIN = os.path.join(ROOT, "experiments", "flagship", "train_k1.sh")
+CHAIN = os.path.join(ROOT, "experiments", "flagship", "chain.sh")
 
 
 def _corpus(folder, finished):
@@ -21,29 +23,32 @@ def _corpus(folder, finished):
         json.dump({"shards": [{"index": i} for i in finished]}, f)
 
 
-def _run(repo):
+def _run(repo, **env_vars):
     flagship = repo / "experiments" / "flagship"
     flagship.mkdir(parents=True, exist_ok=True)
     shutil.copy(SCRIPT, flagship)
+    shutil.copy(CHAIN, flagship)
     log = repo / "calls.txt"
     (flagship / "train_k1.sh").write_text(
-        f'printf "train DATA=%s STEPS=%s SEQ_LEN=%s SHARDS=%s %s\\n" "${{DATA-}}" '
-        f'"${{STEPS-}}" "${{SEQ_LEN-}}" "${{DATA_SHARDS-}}" "$*" >> {shlex.quote(str(log))}\n')
+        f'printf "train DATA=%s STEPS=%s SEQ_LEN=%s SHARDS=%s LAYERS=%s %s\\n" "${{DATA-}}" '
+        f'"${{STEPS-}}" "${{SEQ_LEN-}}" "${{DATA_SHARDS-}}" "${{LAYERS-}}" "$*" '
+        f'>> {shlex.quote(str(log))}\n')
     bin_dir = repo / "bin"
     bin_dir.mkdir(exist_ok=True)
     (bin_dir / "dblast").write_text(f'#!/bin/sh\necho "dblast $*" >> {shlex.quote(str(log))}\n')
     (bin_dir / "dblast").chmod(0o755 | stat.S_IEXEC)
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
-    for k in ("DATA", "STEPS", "SEQ_LEN", "DATA_SHARDS"):
+    for k in ("DATA", "STEPS", "SEQ_LEN", "DATA_SHARDS", "LAYERS"):
         env.pop(k, None)
+    env.update(env_vars)
     done = subprocess.run(["bash", str(flagship / "train_on_grown_corpus.sh")], env=env,
                           capture_output=True, text=True)
     calls = log.read_text().splitlines() if log.exists() else []
     return done, calls
 
 
-def _legs(repo, datas):
-    keep = repo / "experiments" / "flagship" / "k1"
+def _legs(repo, datas, chain="k1"):
+    keep = repo / "experiments" / "flagship" / chain
     keep.mkdir(parents=True, exist_ok=True)
     rows = [{"leg": i + 1, **({"data": d} if d else {})} for i, d in enumerate(datas)]
     (keep / "legs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -93,7 +98,7 @@ def test_each_leg_takes_the_greedy_corpus_and_the_least_used_sampled_pass(
     assert merge.split() == ["dblast", "data", "merge", "--out", data,
                              "corpora/smollm2_t0:0:68", sampled,
                              "--exclude-prompts-of", "corpora/smollm2_t1:68:72"]
-    assert train.startswith(f"train DATA={data} STEPS=8000 SEQ_LEN=384 SHARDS=0 ")
+    assert train.startswith(f"train DATA={data} STEPS=8000 SEQ_LEN=384 SHARDS=0 LAYERS=1 ")
     assert "--extra_validation=greedy=corpora/smollm2_t0_heldout:0:4" in train
 
 
@@ -104,5 +109,102 @@ def test_a_started_leg_resumes_on_its_own_corpus_without_merging(tmp_path):
     (leg / "leg.json").write_text(json.dumps({"data": "runs/corpora/smollm2_t1_x2"}))
     done, calls = _run(tmp_path)
     assert done.returncode == 0, done.stderr
-    assert "resuming leg 1 on runs/corpora/smollm2_t1_x2" in done.stdout
+    assert "resuming leg 1 of experiments/flagship/k1 on runs/corpora/smollm2_t1_x2" in done.stdout
     assert len(calls) == 1 and calls[0].startswith("train DATA= ")
+
+
+def test_the_depth_chain_rotates_passes_by_its_own_legs(tmp_path):
+    """LAYERS=2 is its own chain: the 1-layer legs on pass 2 do not make it skip pass 2,
+    so its first leg pairs with the 1-layer leg on the same answers."""
+    _corpus(tmp_path / "corpora" / "smollm2_t0", range(72))
+    _corpus(tmp_path / "corpora" / "smollm2_t1_more", range(136))
+    _legs(tmp_path, _LEGS_1_3 + ["runs/corpora/smollm2_t0_t1pass1",
+                                 "runs/corpora/smollm2_t0_t1pass2"])
+    done, calls = _run(tmp_path, LAYERS="2")
+    assert done.returncode == 0, done.stderr
+    assert "leg 1 of experiments/flagship/k1_depth2" in done.stdout
+    merge, train = calls
+    assert "runs/corpora/smollm2_t0_t1pass2" in merge.split()
+    assert " LAYERS=2 " in train
+    # its second leg: pass 2 used once by it, pass 1 never: pass 1
+    _legs(tmp_path, ["runs/corpora/smollm2_t0_t1pass2"], chain="k1_depth2")
+    (tmp_path / "calls.txt").unlink()
+    done, calls = _run(tmp_path, LAYERS="2")
+    assert "leg 2 of experiments/flagship/k1_depth2" in done.stdout
+    assert "runs/corpora/smollm2_t0_t1pass1" in calls[0].split()
+
+
+def test_an_unknown_depth_is_refused(tmp_path):
+    _corpus(tmp_path / "corpora" / "smollm2_t0", range(72))
+    done, calls = _run(tmp_path, LAYERS="two")
+    assert done.returncode == 2 and calls == []
+    assert "LAYERS must be a drafter depth" in done.stderr
+
+
+def _run_train(repo, **env_vars):
+    """train_k1.sh with a stand-in `python` that runs `python -c` for real and records
+    the trainer and finish_leg calls."""
+    flagship = repo / "experiments" / "flagship"
+    flagship.mkdir(parents=True, exist_ok=True)
+    shutil.copy(TRAIN, flagship)
+    shutil.copy(CHAIN, flagship)
+    log = repo / "calls.txt"
+    bin_dir = repo / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    real = shlex.quote(shutil.which("python") or "python3")
+    (bin_dir / "python").write_text(
+        f'#!/bin/sh\nif [ "$1" = -c ]; then exec {real} "$@"; fi\n'
+        f'echo "python $*" >> {shlex.quote(str(log))}\n')
+    (bin_dir / "python").chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    for k in ("DATA", "STEPS", "SEQ_LEN", "DATA_SHARDS", "LAYERS"):
+        env.pop(k, None)
+    env.update(env_vars)
+    done = subprocess.run(["bash", str(flagship / "train_k1.sh")], env=env,
+                          capture_output=True, text=True)
+    return done, (log.read_text().splitlines() if log.exists() else [])
+
+
+def _drafter(folder, tag):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({"tag": tag}))
+
+
+def test_the_first_depth_leg_grows_a_pinned_copy_of_the_one_layer_export(tmp_path):
+    _drafter(tmp_path / "experiments" / "flagship" / "k1" / "drafter", "leg5")
+    (tmp_path / "experiments" / "flagship" / "k1" / "legs.jsonl").write_text(
+        "".join(json.dumps({"leg": i, "training_cpu_s": 1000.0}) + "\n" for i in (1, 2)))
+    done, calls = _run_train(tmp_path, LAYERS="2", STEPS="4000", DATA="runs/corpora/x",
+                             DATA_SHARDS="0", SEQ_LEN="384")
+    assert done.returncode == 0, done.stderr
+    work = tmp_path / "runs" / "flagship" / "k1_depth2_leg1"
+    leg = json.loads((work / "leg.json").read_text())
+    assert leg == {"leg": 1, "init": "experiments/flagship/k1/drafter",
+                   "init_copy": "runs/flagship/k1_depth2_leg1/init", "steps": 4000,
+                   "data": "runs/corpora/x", "data_shards": 0, "seq_len": 384,
+                   "drafter_layers": 2, "prior_cpu_s": 4100}
+    assert json.loads((work / "init" / "config.json").read_text()) == {"tag": "leg5"}
+    train, finish = calls
+    assert "--override=drafter_layers=2" in train.split()
+    assert "--override=drafter_init=drafter:runs/flagship/k1_depth2_leg1/init" in train.split()
+    assert "--workdir=runs/flagship/k1_depth2_leg1" in train.split()
+    assert "--keep=experiments/flagship/k1_depth2" in finish.split()
+    # the 1-layer chain finishes a leg meanwhile; the resumed depth leg keeps its copy
+    _drafter(tmp_path / "experiments" / "flagship" / "k1" / "drafter", "leg6")
+    done, calls = _run_train(tmp_path, LAYERS="2", STEPS="9")
+    assert json.loads((work / "init" / "config.json").read_text()) == {"tag": "leg5"}
+    assert "--max_steps=4000" in calls[-2].split()
+
+
+def test_the_one_layer_chain_keeps_its_names_and_starts_from_its_own_export(tmp_path):
+    _drafter(tmp_path / "experiments" / "flagship" / "k1" / "drafter", "leg5")
+    (tmp_path / "experiments" / "flagship" / "k1" / "legs.jsonl").write_text(
+        "".join(json.dumps({"leg": i}) + "\n" for i in range(1, 6)))
+    done, calls = _run_train(tmp_path)
+    assert done.returncode == 0, done.stderr
+    leg = json.loads((tmp_path / "runs" / "flagship" / "k1_leg6" / "leg.json").read_text())
+    assert leg["init"] == "experiments/flagship/k1/drafter" and leg["drafter_layers"] == 1
+    assert leg["prior_cpu_s"] == 2100
+    train, finish = calls
+    assert "--override=drafter_layers=1" in train.split()
+    assert "--keep=experiments/flagship/k1" in finish.split()

@@ -45,7 +45,8 @@ def plot_learning_curve(keep: str, prior_cpu_s: float) -> str:
     if not legs:
         raise ValueError(f"{keep}/legs.jsonl holds no finished leg to plot")
     fig, ax = plt.subplots(figsize=(7, 4))
-    offset = prior_cpu_s
+    # a chain grown from another (the depth run) records what its start cost in its first leg
+    offset = legs[0].get("prior_cpu_s", prior_cpu_s)
     for leg in legs:
         rows = read_curve(os.path.join(keep, f"curve_leg{leg['leg']}.jsonl"))
         x = [(offset + r["cpu_s"]) / 3600 for r in rows]
@@ -55,7 +56,9 @@ def plot_learning_curve(keep: str, prior_cpu_s: float) -> str:
     ax.set_xscale("log")
     ax.set_xlabel("cumulative training CPU-hours (log; includes the starting drafter's)")
     ax.set_ylabel("held-out expected accepted drafts / block\n(T_v = 1.0, b = 8)")
-    ax.set_title("K = 1 flagship: the learning curve (goal 0.9)")
+    layers = legs[-1].get("drafter_layers", 1)
+    ax.set_title(f"K = 1 flagship, {layers} drafter layer{'s' if layers > 1 else ''}: "
+                 "the learning curve (goal 0.9)")
     ax.grid(alpha=0.3, which="both")
     ax.legend()
     fig.tight_layout()
@@ -101,6 +104,8 @@ def main(argv) -> int:
     record = {"leg": FLAGS.leg, "init": leg["init"], "steps": leg["steps"],
               "data": leg.get("data", "corpora/smollm2_t1"),
               "data_shards": leg.get("data_shards", 68), "seq_len": leg.get("seq_len", 256),
+              "drafter_layers": leg.get("drafter_layers", 1),
+              **({"prior_cpu_s": leg["prior_cpu_s"]} if "prior_cpu_s" in leg else {}),
               "training_cpu_s": rows[-1]["cpu_s"],
               "start": {k: rows[0][k] for k in keep(rows[0])},
               "end": {k: rows[-1][k] for k in keep(rows[-1])},

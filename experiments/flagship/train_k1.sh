@@ -36,20 +36,39 @@
 # prompts, i.e. on corpora/smollm2_t1 itself: merge with --exclude-prompts-of first).
 # A killed leg resumes from its checkpoint in runs/flagship/k1_legN (same command); a
 # finished leg is exported and recorded, and the next call starts the next leg.
+#
+# The depth run (LAYERS=2, or 3): the same recipe with a deeper drafter, in its own chain
+# experiments/flagship/k1_depthN (legs in runs/flagship/k1_depthN_legM). Its first leg grows
+# the 1-layer chain's latest export in depth (drafter_init=drafter:..., new top layers
+# start as the identity, so leg 1 starts from the 1-layer drafter's acceptance), so that a
+# depth leg and the 1-layer leg on the same pass are a paired comparison at equal data:
+#     LAYERS=2 bash experiments/flagship/train_on_grown_corpus.sh
+# Every leg copies its starting drafter into its workdir first (init/), so a resumed leg
+# starts from the same weights even if the chain it grew from has finished a leg since.
 set -u
 cd "$(dirname "$0")/../.."
-KEEP=experiments/flagship/k1
+source experiments/flagship/chain.sh  # KEEP, LEG and WORK of the chain LAYERS picks
 mkdir -p runs/flagship "$KEEP"
-LEG=$(( $( [ -f $KEEP/legs.jsonl ] && wc -l < $KEEP/legs.jsonl || echo 0 ) + 1 ))
-WORK=runs/flagship/k1_leg$LEG
 INIT=pretrained/smollm2-135m-instruct/smollm2-dflash-k1
+[ "$LAYERS" != 1 ] && INIT=experiments/flagship/k1/drafter  # grown in depth
 [ -f $KEEP/drafter/config.json ] && INIT=$KEEP/drafter
+PRIOR_CPU_S=2100  # training CPU-s of the starting drafter before the chain (the shipped K = 1)
+if [ "$LAYERS" != 1 ] && [ $LEG = 1 ]; then  # + every 1-layer leg it grew from
+  PRIOR_CPU_S=$(python -c "
+import json, os
+rows = [json.loads(l) for l in open('experiments/flagship/k1/legs.jsonl')] if os.path.exists('experiments/flagship/k1/legs.jsonl') else []
+print(round(2100 + sum(r['training_cpu_s'] for r in rows)))")
+fi
 mkdir -p $WORK  # the leg's settings, fixed at its start so that a resume keeps them
-[ -f $WORK/leg.json ] || printf '{"leg": %d, "init": "%s", "steps": %d, "data": "%s", "data_shards": %d, "seq_len": %d}\n' \
-    $LEG "$INIT" ${STEPS:-3000} "${DATA:-corpora/smollm2_t1}" ${DATA_SHARDS:-68} ${SEQ_LEN:-256} > $WORK/leg.json
+if [ ! -f $WORK/leg.json ]; then
+  rm -rf $WORK/init && cp -r $INIT $WORK/init.partial && mv $WORK/init.partial $WORK/init
+  printf '{"leg": %d, "init": "%s", "init_copy": "%s", "steps": %d, "data": "%s", "data_shards": %d, "seq_len": %d, "drafter_layers": %d, "prior_cpu_s": %d}\n' \
+      $LEG "$INIT" "$WORK/init" ${STEPS:-3000} "${DATA:-corpora/smollm2_t1}" ${DATA_SHARDS:-68} \
+      ${SEQ_LEN:-256} $LAYERS $PRIOR_CPU_S > $WORK/leg.json
+fi
 leg() { python -c "import json; print(json.load(open('$WORK/leg.json')).get('$1', '${2-}'))"; }
-STEPS=$(leg steps) INIT=$(leg init) DATA=$(leg data corpora/smollm2_t1)
-DATA_SHARDS=$(leg data_shards 68) SEQ_LEN=$(leg seq_len 256)
+STEPS=$(leg steps) INIT=$(leg init_copy "$(leg init)") DATA=$(leg data corpora/smollm2_t1)
+DATA_SHARDS=$(leg data_shards 68) SEQ_LEN=$(leg seq_len 256) LAYERS=$(leg drafter_layers 1)
 nice -n 10 python experiments/budget/budget_curve.py --experiment=smollm2_k1_al \
   --workdir=$WORK --max_steps=$STEPS --segment_steps=${SEGMENT:-500} \
   --checkpoint_every=250 --budget_cpu_s=1e9 --validation_batches=8 \
@@ -57,7 +76,7 @@ nice -n 10 python experiments/budget/budget_curve.py --experiment=smollm2_k1_al 
   --override=batch_size=8 --override=seq_len=$SEQ_LEN --override=anchors_per_sequence=16 \
   --override=learning_rate=${LR:-5e-4} --override=warmup_fraction=0.03 \
   --override=keep_checkpoints=2 --override=feature_cache=runs/flagship/features \
-  --override=target_layer_ids=1,7,14,20,27 --override=drafter_layers=1 \
+  --override=target_layer_ids=1,7,14,20,27 --override=drafter_layers=$LAYERS \
   --override=train_head_tokens=4096 --override=train_head_sampled=1024 \
   --override=distill_weight=1.0 --override=drafter_init=drafter:$INIT \
   "$@" >> $WORK.log 2>&1 || { echo "leg $LEG stopped; see $WORK.log" >&2; exit 1; }

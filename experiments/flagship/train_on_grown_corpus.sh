@@ -29,9 +29,14 @@
 #
 # A leg keeps the corpus it started on (its leg.json), so a killed leg resumes on the same
 # data. The merged folders are named by what they hold (smollm2_t0_t1pass1, ...).
+#
+# LAYERS=2 (or 3) runs the depth chain's next leg instead (train_k1.sh says how it starts);
+# it rotates passes by its own legs, so its first leg takes the newest complete pass. Start
+# it once the 1-layer leg on the same pass has begun training: both read one feature cache
+# (runs/flagship/features), and a training process uses about one of the two cores.
 set -eu
 cd "$(dirname "$0")/../.."
-KEEP=experiments/flagship/k1
+source experiments/flagship/chain.sh  # KEEP, LEG and WORK of the chain LAYERS picks
 # scored beside the main held-out set (T_v = 1.0) at every segment: the same shards at
 # T_v = 1.5, and greedy agreement on the greedy held-out answers. The feature cache is kept
 # in bfloat16: at 384 tokens and five taps a record's taps are 4.4 MB in float32, ~19 GB
@@ -39,10 +44,9 @@ KEEP=experiments/flagship/k1
 EXTRA=(--extra_validation=hot=corpora/smollm2_t1:68:72@1.5
        --extra_validation=greedy=corpora/smollm2_t0_heldout:0:4
        --override=feature_cache_dtype=bfloat16)
-LEG=$(( $( [ -f $KEEP/legs.jsonl ] && wc -l < $KEEP/legs.jsonl || echo 0 ) + 1 ))
-export SEGMENT=${SEGMENT:-2000}  # held-out scoring every SEGMENT steps (not in leg.json)
-if [ -f runs/flagship/k1_leg$LEG/leg.json ]; then
-  echo "resuming leg $LEG on $(python -c "import json; print(json.load(open('runs/flagship/k1_leg$LEG/leg.json'))['data'])")"
+export LAYERS SEGMENT=${SEGMENT:-2000}  # held-out scoring every SEGMENT steps (not in leg.json)
+if [ -f $WORK/leg.json ]; then
+  echo "resuming leg $LEG of $KEEP on $(python -c "import json; print(json.load(open('$WORK/leg.json'))['data'])")"
   exec bash experiments/flagship/train_k1.sh "${EXTRA[@]}"
 fi
 # finished shards 0 .. n-1 of a corpus folder (0 when it has no manifest yet)
@@ -86,7 +90,7 @@ else
   SAMPLED=$MORE:$(( 68 * (PASS - 1) )):$(( 68 * PASS ))
 fi
 DATA=runs/corpora/smollm2_t0_t1pass$PASS
-echo "leg $LEG: merging $GREEDY:0:68 $SAMPLED into $DATA"
+echo "leg $LEG of $KEEP: merging $GREEDY:0:68 $SAMPLED into $DATA"
 dblast data merge --out $DATA $GREEDY:0:68 $SAMPLED --exclude-prompts-of corpora/smollm2_t1:68:72
 export DATA DATA_SHARDS=0 STEPS=${STEPS:-8000} SEQ_LEN=${SEQ_LEN:-384}
 exec bash experiments/flagship/train_k1.sh "${EXTRA[@]}"
