@@ -8,6 +8,7 @@ import shlex
 import shutil
 import stat
 import subprocess
+import sys
 
 import pytest
 
@@ -208,3 +209,41 @@ def test_the_one_layer_chain_keeps_its_names_and_starts_from_its_own_export(tmp_
     train, finish = calls
     assert "--override=drafter_layers=1" in train.split()
     assert "--keep=experiments/flagship/k1" in finish.split()
+
+
+def _chain(keep, legs):
+    """A committed chain folder: legs [(leg row, [(step, cpu_s, al), ...])]."""
+    keep.mkdir(parents=True, exist_ok=True)
+    (keep / "legs.jsonl").write_text("".join(json.dumps(row) + "\n" for row, _ in legs))
+    for row, points in legs:
+        (keep / f"curve_leg{row['leg']}.jsonl").write_text("".join(
+            json.dumps({"step": s, "cpu_s": c, "al_estimate": a}) + "\n"
+            for s, c, a in points))
+
+
+def test_the_depth_run_shares_the_one_layer_runs_cpu_axis(tmp_path):
+    """The depth chain's curve starts where the 1-layer legs it grew from ended, and its
+    learning curve draws the 1-layer run beside it."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "finish_leg", os.path.join(ROOT, "experiments", "flagship", "finish_leg.py"))
+    finish_leg = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(finish_leg)
+    one, two = tmp_path / "k1", tmp_path / "k1_depth2"
+    _chain(one, [({"leg": 1, "steps": 10, "training_cpu_s": 1800.0},
+                  [(0, 0.0, 0.30), (10, 1800.0, 0.40)]),
+                 ({"leg": 2, "steps": 10, "training_cpu_s": 3600.0},
+                  [(0, 0.0, 0.40), (10, 3600.0, 0.45)])])
+    _chain(two, [({"leg": 1, "steps": 10, "training_cpu_s": 3600.0, "drafter_layers": 2,
+                   "prior_cpu_s": 2100 + 1800 + 3600},
+                  [(0, 0.0, 0.45), (10, 3600.0, 0.50)])])
+    ref = finish_leg.chain_points(str(one), 2100.0)
+    assert [x for _, x, _ in ref] == [[2100 / 3600, 3900 / 3600], [3900 / 3600, 7500 / 3600]]
+    (_, x, y), = finish_leg.chain_points(str(two), 2100.0)
+    assert x == [7500 / 3600, 11100 / 3600] and y == [0.45, 0.50]
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "flagship",
+                                                        "finish_leg.py"),
+                           f"--keep={two}", "--plot_only", f"--reference={one}"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert (two / "learning_curve.png").stat().st_size > 1000

@@ -32,31 +32,52 @@ flags.DEFINE_float("prior_cpu_s", 2100.0, "training CPU-s spent on the first leg
                    "starting drafter before the run (the shipped K = 1: ~2,100 in two "
                    "1,000-step stages); the x offset of the curve, so that log x holds leg 1")
 flags.DEFINE_bool("plot_only", False, "only redraw KEEP/learning_curve.png")
+flags.DEFINE_string("reference", None, "another chain's committed folder drawn in grey "
+                    "on the same axis (the 1-layer run beside the depth run)")
 
 
-def plot_learning_curve(keep: str, prior_cpu_s: float) -> str:
+def chain_points(keep: str, prior_cpu_s: float) -> list[tuple[dict, list, list]]:
+    """(leg row, cumulative training CPU-hours, held-out AL) of every recorded leg of a
+    chain; a chain grown from another (the depth run) records in its first leg what its
+    starting drafter cost, so both chains share one x axis."""
+    legs = read_curve(os.path.join(keep, "legs.jsonl"))
+    offset = legs[0].get("prior_cpu_s", prior_cpu_s) if legs else prior_cpu_s
+    points = []
+    for leg in legs:
+        rows = read_curve(os.path.join(keep, f"curve_leg{leg['leg']}.jsonl"))
+        points.append((leg, [(offset + r["cpu_s"]) / 3600 for r in rows],
+                       [r["al_estimate"] for r in rows]))
+        offset += leg["training_cpu_s"]
+    return points
+
+
+def plot_learning_curve(keep: str, prior_cpu_s: float,
+                        reference: str | None = None) -> str:
     """Held-out AL (T_v = 1.0) of every recorded leg against cumulative training
-    CPU-hours on a log axis: where more compute still pays, and by how much."""
+    CPU-hours on a log axis: where more compute still pays, and by how much. A reference
+    chain (the 1-layer run, for the depth run) is drawn in grey on the same axis, so that
+    the two compare at equal CPU."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    legs = read_curve(os.path.join(keep, "legs.jsonl"))
-    if not legs:
+    points = chain_points(keep, prior_cpu_s)
+    if not points:
         raise ValueError(f"{keep}/legs.jsonl holds no finished leg to plot")
     fig, ax = plt.subplots(figsize=(7, 4))
-    # a chain grown from another (the depth run) records what its start cost in its first leg
-    offset = legs[0].get("prior_cpu_s", prior_cpu_s)
-    for leg in legs:
-        rows = read_curve(os.path.join(keep, f"curve_leg{leg['leg']}.jsonl"))
-        x = [(offset + r["cpu_s"]) / 3600 for r in rows]
-        ax.plot(x, [r["al_estimate"] for r in rows], marker="o",
-                label=f"leg {leg['leg']} ({leg['steps']:,} steps)")
-        offset += leg["training_cpu_s"]
+    if reference:
+        ref = chain_points(reference, prior_cpu_s)
+        layers = ref[-1][0].get("drafter_layers", 1) if ref else 1
+        for i, (_, x, y) in enumerate(ref):
+            ax.plot(x, y, color="0.6", marker=".", linewidth=1,
+                    label=f"{os.path.basename(reference)} ({layers} layer{'s' * (layers > 1)})"
+                    if i == 0 else None)
+    for leg, x, y in points:
+        ax.plot(x, y, marker="o", label=f"leg {leg['leg']} ({leg['steps']:,} steps)")
     ax.set_xscale("log")
     ax.set_xlabel("cumulative training CPU-hours (log; includes the starting drafter's)")
     ax.set_ylabel("held-out expected accepted drafts / block\n(T_v = 1.0, b = 8)")
-    layers = legs[-1].get("drafter_layers", 1)
+    layers = points[-1][0].get("drafter_layers", 1)
     ax.set_title(f"K = 1 flagship, {layers} drafter layer{'s' if layers > 1 else ''}: "
                  "the learning curve (goal 0.9)")
     ax.grid(alpha=0.3, which="both")
@@ -74,7 +95,7 @@ def main(argv) -> int:
 
     if FLAGS.plot_only:
         try:
-            print(f"wrote {plot_learning_curve(FLAGS.keep, FLAGS.prior_cpu_s)}")
+            print(f"wrote {plot_learning_curve(FLAGS.keep, FLAGS.prior_cpu_s, FLAGS.reference)}")
         except ValueError as e:  # nothing recorded yet: one line, nothing written
             print(f"finish_leg: {e}", file=sys.stderr)
             return 1
@@ -113,7 +134,7 @@ def main(argv) -> int:
     atomic_write_text(legs_path, "".join(json.dumps(r) + "\n" for r in legs + [record]))
     print(f"leg {FLAGS.leg}: held-out AL {record['start'].get('al_estimate'):.4f} -> "
           f"{record['end'].get('al_estimate'):.4f}; recorded in {legs_path}")
-    print(f"wrote {plot_learning_curve(FLAGS.keep, FLAGS.prior_cpu_s)}")
+    print(f"wrote {plot_learning_curve(FLAGS.keep, FLAGS.prior_cpu_s, FLAGS.reference)}")
     return 0
 
 

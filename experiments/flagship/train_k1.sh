@@ -80,5 +80,7 @@ nice -n 10 python experiments/budget/budget_curve.py --experiment=smollm2_k1_al 
   --override=train_head_tokens=4096 --override=train_head_sampled=1024 \
   --override=distill_weight=1.0 --override=drafter_init=drafter:$INIT \
   "$@" >> $WORK.log 2>&1 || { echo "leg $LEG stopped; see $WORK.log" >&2; exit 1; }
+REFERENCE=()  # the depth run's learning curve shows the 1-layer run beside it
+[ "$LAYERS" != 1 ] && REFERENCE=(--reference=experiments/flagship/k1)
 python experiments/flagship/finish_leg.py --leg_dir=$WORK --keep=$KEEP --leg=$LEG \
-  >> $WORK.log 2>&1
+  "${REFERENCE[@]}" >> $WORK.log 2>&1
