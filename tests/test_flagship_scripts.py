@@ -24,6 +24,17 @@ def _corpus(folder, finished):
         json.dump({"shards": [{"index": i} for i in finished]}, f)
 
 
+def _run_with_stand_ins(script, bin_dir, log, env_vars):
+    """Run a flagship script with the stand-ins of bin_dir first on PATH and no leg
+    settings inherited; (the finished process, the calls the stand-ins recorded)."""
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    for k in ("DATA", "STEPS", "SEQ_LEN", "DATA_SHARDS", "LAYERS"):
+        env.pop(k, None)
+    env.update(env_vars)
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    return done, (log.read_text().splitlines() if log.exists() else [])
+
+
 def _run(repo, **env_vars):
     flagship = repo / "experiments" / "flagship"
     flagship.mkdir(parents=True, exist_ok=True)
@@ -38,14 +49,8 @@ def _run(repo, **env_vars):
     bin_dir.mkdir(exist_ok=True)
     (bin_dir / "dblast").write_text(f'#!/bin/sh\necho "dblast $*" >> {shlex.quote(str(log))}\n')
     (bin_dir / "dblast").chmod(0o755 | stat.S_IEXEC)
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
-    for k in ("DATA", "STEPS", "SEQ_LEN", "DATA_SHARDS", "LAYERS"):
-        env.pop(k, None)
-    env.update(env_vars)
-    done = subprocess.run(["bash", str(flagship / "train_on_grown_corpus.sh")], env=env,
-                          capture_output=True, text=True)
-    calls = log.read_text().splitlines() if log.exists() else []
-    return done, calls
+    return _run_with_stand_ins(flagship / "train_on_grown_corpus.sh", bin_dir, log,
+                               env_vars)
 
 
 def _legs(repo, datas, chain="k1"):
@@ -157,13 +162,7 @@ def _run_train(repo, **env_vars):
         f'#!/bin/sh\nif [ "$1" = -c ]; then exec {real} "$@"; fi\n'
         f'echo "python $*" >> {shlex.quote(str(log))}\n')
     (bin_dir / "python").chmod(0o755)
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
-    for k in ("DATA", "STEPS", "SEQ_LEN", "DATA_SHARDS", "LAYERS"):
-        env.pop(k, None)
-    env.update(env_vars)
-    done = subprocess.run(["bash", str(flagship / "train_k1.sh")], env=env,
-                          capture_output=True, text=True)
-    return done, (log.read_text().splitlines() if log.exists() else [])
+    return _run_with_stand_ins(flagship / "train_k1.sh", bin_dir, log, env_vars)
 
 
 def _drafter(folder, tag):
