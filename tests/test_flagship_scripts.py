@@ -246,3 +246,10 @@ def test_the_depth_run_shares_the_one_layer_runs_cpu_axis(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert (two / "learning_curve.png").stat().st_size > 1000
+
+
+def test_a_depth_leg_without_a_one_layer_export_is_refused_with_nothing_written(tmp_path):
+    done, calls = _run_train(tmp_path, LAYERS="2")
+    assert done.returncode == 1 and calls == []
+    assert "experiments/flagship/k1/drafter/config.json is missing" in done.stderr
+    assert not (tmp_path / "runs" / "flagship" / "k1_depth2_leg1" / "leg.json").exists()
