@@ -253,3 +253,24 @@ def test_a_depth_leg_without_a_one_layer_export_is_refused_with_nothing_written(
     assert done.returncode == 1 and calls == []
     assert "experiments/flagship/k1/drafter/config.json is missing" in done.stderr
     assert not (tmp_path / "runs" / "flagship" / "k1_depth2_leg1" / "leg.json").exists()
+
+
+def test_finish_leg_brings_no_other_scripts_flags(tmp_path):
+    """finish_leg.py reads curves through experiments/budget/curve_file.py, not budget_curve.py:
+    importing the latter defined its absl flags (--out, ...) in the test process, and the next
+    script loaded in-process that defines --out (ngram_speed_ceiling.py) failed."""
+    import importlib.util
+
+    from absl import flags
+    before = set(flags.FLAGS)
+    spec = importlib.util.spec_from_file_location(
+        "finish_leg_flags", os.path.join(ROOT, "experiments", "flagship", "finish_leg.py"))
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except flags.DuplicateFlagError:
+        pass  # finish_leg.py was loaded earlier in this process: its flags are already there
+    new = set(flags.FLAGS) - before
+    assert not new & {"out", "workdir", "experiment", "validation_shards", "plot"}, new
+    assert "budget_curve" not in {getattr(m, "__name__", m) for m in
+                                  flags.FLAGS.flags_by_module_dict()}

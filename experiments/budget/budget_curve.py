@@ -20,11 +20,12 @@ training CPU-seconds (BASE linearly interpolated between its points; blank outsi
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
 from absl import app, flags
+
+from curve_file import CURVE, append_row, read_curve
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("experiment", "smollm2_dflash_baseline", "registered experiment")
@@ -51,34 +52,6 @@ flags.DEFINE_list("compare", [], "BASE,OTHER (workdirs or .jsonl, NAME=... allow
 flags.DEFINE_enum("plot_x", "cpu_s", ["cpu_s", "step"], "x-axis of --plot: training "
                   "CPU-seconds (the yardstick) or optimizer steps (curves from machines or "
                   "days whose CPU-seconds differ)")
-
-CURVE = "budget_curve.jsonl"
-
-
-def read_curve(workdir: str) -> list[dict]:
-    """Rows of a curve (a workdir's, or a .jsonl copy of one, e.g. the raw points kept in
-    experiments/budget/results/); a torn last line (a kill mid-write) is dropped."""
-    path = workdir if workdir.endswith(".jsonl") else os.path.join(workdir, CURVE)
-    if not os.path.exists(path):
-        return []
-    rows = []
-    with open(path) as f:
-        lines = f.read().splitlines()
-    for i, line in enumerate(lines):
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i != len(lines) - 1:
-                raise ValueError(f"{path}: line {i + 1} is not JSON") from None
-    return rows
-
-
-def _append(workdir: str, row: dict) -> None:
-    with open(os.path.join(workdir, CURVE), "a") as f:
-        f.write(json.dumps(row) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
 
 def train_curve() -> None:
     from dblast_jax.train import config as TC
@@ -135,7 +108,7 @@ def train_curve() -> None:
                                  verify_temperature=tv)
             row.update({f"{name}/{k}": e[k] for k in keep if k in e})
         row["validation_cpu_s"] = time.process_time() - t
-        _append(FLAGS.workdir, row)
+        append_row(FLAGS.workdir, row)
         print(f"step {step}  cpu {cpu:7.0f} s  AL {row['al_estimate']:.4f}  mixture "
               f"{row.get('al_estimate_mixture', float('nan')):.4f}  top1[0] "
               f"{row['top1'][0]:.3f}  greedy {row['greedy_accepted']:.3f}"

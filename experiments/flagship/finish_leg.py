@@ -22,7 +22,7 @@ import time
 from absl import app, flags
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "budget"))
-from budget_curve import read_curve  # noqa: E402  (the one reader of curve files)
+from curve_file import read_curve  # noqa: E402  (the one reader of curve files; no flags)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("leg_dir", None, "the leg's training workdir")
