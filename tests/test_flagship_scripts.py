@@ -274,3 +274,43 @@ def test_finish_leg_brings_no_other_scripts_flags(tmp_path):
     assert not new & {"out", "workdir", "experiment", "validation_shards", "plot"}, new
     assert "budget_curve" not in {getattr(m, "__name__", m) for m in
                                   flags.FLAGS.flags_by_module_dict()}
+
+
+def _run_eval_export(repo, **env_vars):
+    flagship = repo / "experiments" / "flagship"
+    flagship.mkdir(parents=True, exist_ok=True)
+    shutil.copy(os.path.join(ROOT, "experiments", "flagship", "eval_export.sh"), flagship)
+    shutil.copy(CHAIN, flagship)
+    log = repo / "calls.txt"
+    bin_dir = repo / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "dblast").write_text(f'#!/bin/sh\necho "dblast $*" >> {shlex.quote(str(log))}\n')
+    (bin_dir / "dblast").chmod(0o755 | stat.S_IEXEC)
+    return _run_with_stand_ins(flagship / "eval_export.sh", bin_dir, log, env_vars)
+
+
+def test_eval_export_refuses_a_chain_without_an_export(tmp_path):
+    done, calls = _run_eval_export(tmp_path, LAYERS="2")
+    assert done.returncode == 1 and calls == []
+    assert "experiments/flagship/k1_depth2/drafter/config.json" in done.stderr
+
+
+@pytest.mark.parametrize("layers, keep, label", [("1", "k1", "flagship"),
+                                                 ("2", "k1_depth2", "flagship_depth2")])
+def test_eval_export_sets_the_chains_export_beside_the_shipped_drafter(tmp_path, layers,
+                                                                       keep, label):
+    drafter = tmp_path / "experiments" / "flagship" / keep / "drafter"
+    drafter.mkdir(parents=True)
+    (drafter / "config.json").write_text("{}")
+    done, calls = _run_eval_export(tmp_path, LAYERS=layers, PROMPTS="3")
+    assert done.returncode == 0, done.stderr
+    argmax, sampled = calls
+    export = f"experiments/flagship/{keep}/drafter"
+    for call, mode, temps, sub in [(argmax, "", "0 0.7", "argmax"),
+                                   (sampled, "@mode=sampled-branch", "1.0 1.5", "sampled")]:
+        assert f"--drafter shipped=pretrained:smollm2-dflash-k1{mode} " in call
+        assert f"--drafter {label}={export}{mode} " in call
+        assert f"--drafter {label}+ngram={export}+ngram{mode} " in call
+        assert "--drafter ngram=ngram " in call and "--baseline shipped " in call
+        assert f"--temperatures {temps} " in call and "--prompts-per-benchmark 3 " in call
+        assert call.endswith(f"--out experiments/flagship/{keep}/benchmarks/{sub}")
