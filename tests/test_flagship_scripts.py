@@ -194,6 +194,15 @@ def test_the_first_depth_leg_grows_a_pinned_copy_of_the_one_layer_export(tmp_pat
     done, calls = _run_train(tmp_path, LAYERS="2", STEPS="9")
     assert json.loads((work / "init" / "config.json").read_text()) == {"tag": "leg5"}
     assert "--max_steps=4000" in calls[-2].split()
+    # the chain's second leg carries the first leg's base, not the shipped drafter's
+    (tmp_path / "experiments" / "flagship" / "k1_depth2" / "legs.jsonl").write_text(
+        json.dumps({"leg": 1, "prior_cpu_s": 4100}) + "\n")
+    _drafter(tmp_path / "experiments" / "flagship" / "k1_depth2" / "drafter", "depth1")
+    done, calls = _run_train(tmp_path, LAYERS="2", STEPS="9")
+    assert done.returncode == 0, done.stderr
+    leg2 = json.loads((tmp_path / "runs" / "flagship" / "k1_depth2_leg2" / "leg.json")
+                      .read_text())
+    assert leg2["prior_cpu_s"] == 4100 and leg2["init"] == "experiments/flagship/k1_depth2/drafter"
 
 
 def test_the_one_layer_chain_keeps_its_names_and_starts_from_its_own_export(tmp_path):

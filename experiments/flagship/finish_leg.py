@@ -126,7 +126,9 @@ def main(argv) -> int:
               "data": leg.get("data", "corpora/smollm2_t1"),
               "data_shards": leg.get("data_shards", 68), "seq_len": leg.get("seq_len", 256),
               "drafter_layers": leg.get("drafter_layers", 1),
-              **({"prior_cpu_s": leg["prior_cpu_s"]} if "prior_cpu_s" in leg else {}),
+              # the chain's x-axis origin: read from its first leg only (chain_points)
+              **({"prior_cpu_s": leg["prior_cpu_s"]}
+                 if "prior_cpu_s" in leg and FLAGS.leg == 1 else {}),
               "training_cpu_s": rows[-1]["cpu_s"],
               "start": {k: rows[0][k] for k in keep(rows[0])},
               "end": {k: rows[-1][k] for k in keep(rows[-1])},

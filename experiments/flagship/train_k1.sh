@@ -52,8 +52,12 @@ mkdir -p runs/flagship "$KEEP"
 INIT=pretrained/smollm2-135m-instruct/smollm2-dflash-k1
 [ "$LAYERS" != 1 ] && INIT=experiments/flagship/k1/drafter  # grown in depth
 [ -f $KEEP/drafter/config.json ] && INIT=$KEEP/drafter
-PRIOR_CPU_S=2100  # training CPU-s of the starting drafter before the chain (the shipped K = 1)
-if [ "$LAYERS" != 1 ] && [ $LEG = 1 ]; then  # + every 1-layer leg it grew from
+PRIOR_CPU_S=2100  # training CPU-s of the chain's starting drafter (the shipped K = 1) ...
+if [ $LEG != 1 ]; then  # a later leg: what the chain's first leg recorded
+  PRIOR_CPU_S=$(python -c "
+import json
+print(round(json.loads(open('$KEEP/legs.jsonl').readline()).get('prior_cpu_s', 2100)))")
+elif [ "$LAYERS" != 1 ]; then  # ... + every 1-layer leg a depth chain grew from
   PRIOR_CPU_S=$(python -c "
 import json, os
 rows = [json.loads(l) for l in open('experiments/flagship/k1/legs.jsonl')] if os.path.exists('experiments/flagship/k1/legs.jsonl') else []
