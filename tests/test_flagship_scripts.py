@@ -313,7 +313,7 @@ def test_eval_export_sets_the_chains_export_beside_the_shipped_drafter(tmp_path,
     (drafter / "config.json").write_text("{}")
     done, calls = _run_eval_export(tmp_path, LAYERS=layers, PROMPTS="3")
     assert done.returncode == 0, done.stderr
-    argmax, sampled = calls
+    argmax, sampled, blocks = calls
     export = f"experiments/flagship/{keep}/drafter"
     for call, mode, temps, sub in [(argmax, "", "0 0.7", "argmax"),
                                    (sampled, "@mode=sampled-branch", "1.0 1.5", "sampled")]:
@@ -323,3 +323,6 @@ def test_eval_export_sets_the_chains_export_beside_the_shipped_drafter(tmp_path,
         assert "--drafter ngram=ngram " in call and "--baseline shipped " in call
         assert f"--temperatures {temps} " in call and "--prompts-per-benchmark 3 " in call
         assert call.endswith(f"--out experiments/flagship/{keep}/benchmarks/{sub}")
+    # the export at shorter blocks, against itself at its trained block
+    assert f"--drafter {label}={export} --blocks 4 3 2 --baseline {label} " in blocks
+    assert "--temperatures 0 0.7 " in blocks and blocks.endswith(f"/{keep}/benchmarks/blocks")

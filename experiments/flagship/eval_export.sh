@@ -5,11 +5,14 @@
 # T = 0 / 0.7 with argmax drafts (greedy-branch) and T = 1.0 / 1.5 with drafts sampled from
 # q (sampled-branch). Each `dblast eval` also decodes the same prompts with the same seeds
 # without a drafter, so every speed-up is a ratio measured side by side in one run; gains
-# are against the shipped drafter. The results (results.md, results.json, plots) land in
-# KEEP/benchmarks/{argmax,sampled} and are committed with the chain. Resumable: a killed
+# are against the shipped drafter. Then the export drafting shorter blocks than it was
+# trained with (@block=4/3/2: a cheaper verify pass per step, the only way a drafter that
+# accepts ~1.5 tokens a step pays on this CPU), T = 0 / 0.7. The results (results.md,
+# results.json, plots) land in KEEP/benchmarks/{argmax,sampled,blocks} and are committed
+# with the chain. Resumable: a killed
 # run picks up at the next unfinished (benchmark, temperature, drafter).
 #
-#     bash experiments/flagship/eval_export.sh               # ~35 min on an idle 2-core CPU
+#     bash experiments/flagship/eval_export.sh               # ~50 min on an idle 2-core CPU
 #     LAYERS=2 PROMPTS=2 bash experiments/flagship/eval_export.sh   # the depth chain, quicker
 set -eu
 cd "$(dirname "$0")/../.."
@@ -31,3 +34,6 @@ dblast eval --drafter shipped=$SHIPPED@mode=sampled-branch \
   --drafter $LABEL+ngram=$EXPORT+ngram@mode=sampled-branch --baseline shipped \
   --temperatures 1.0 1.5 --prompts-per-benchmark $PROMPTS --max-new-tokens $NEW_TOKENS \
   --batch-size 1 --no-progress --out $OUT/sampled "$@"
+dblast eval --drafter $LABEL=$EXPORT --blocks 4 3 2 --baseline $LABEL --temperatures 0 0.7 \
+  --prompts-per-benchmark $PROMPTS --max-new-tokens $NEW_TOKENS --batch-size 1 \
+  --no-progress --out $OUT/blocks "$@"
