@@ -28,7 +28,7 @@ def _run_with_stand_ins(script, bin_dir, log, env_vars):
     """Run a flagship script with the stand-ins of bin_dir first on PATH and no leg
     settings inherited; (the finished process, the calls the stand-ins recorded)."""
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
-    for k in ("DATA", "STEPS", "SEQ_LEN", "DATA_SHARDS", "LAYERS"):
+    for k in ("DATA", "STEPS", "SEQ_LEN", "DATA_SHARDS", "LAYERS", "K"):
         env.pop(k, None)
     env.update(env_vars)
     done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
@@ -147,6 +147,28 @@ def test_an_unknown_depth_is_refused(tmp_path):
     assert "LAYERS must be a drafter depth" in done.stderr
 
 
+def test_an_unknown_mixture_size_is_refused(tmp_path):
+    _corpus(tmp_path / "corpora" / "smollm2_t0", range(72))
+    done, calls = _run(tmp_path, K="3")
+    assert done.returncode == 2 and calls == []
+    assert "K must be the mixture's size: 1, 2, 4 or 8, not '3'" in done.stderr
+
+
+def test_the_mixture_chain_pairs_with_the_one_layer_leg_on_the_newest_pass(tmp_path):
+    """K=4 is its own chain (experiments/flagship/k4): its first leg takes the newest
+    complete pass whatever the K = 1 legs used, like the depth run."""
+    _corpus(tmp_path / "corpora" / "smollm2_t0", range(72))
+    _corpus(tmp_path / "corpora" / "smollm2_t1_more", range(204))
+    _legs(tmp_path, _LEGS_1_3 + ["runs/corpora/smollm2_t0_t1pass1",
+                                 "runs/corpora/smollm2_t0_t1pass2"])
+    done, calls = _run(tmp_path, K="4", STEPS="3000")
+    assert done.returncode == 0, done.stderr
+    assert "leg 1 of experiments/flagship/k4:" in done.stdout
+    merge, train = calls
+    assert "runs/corpora/smollm2_t0_t1pass3" in merge.split()
+    assert train.startswith("train DATA=runs/corpora/smollm2_t0_t1pass3 STEPS=3000 ")
+
+
 def _run_train(repo, **env_vars):
     """train_k1.sh with a stand-in `python` that runs `python -c` for real and records
     the trainer and finish_leg calls."""
@@ -182,10 +204,11 @@ def test_the_first_depth_leg_grows_a_pinned_copy_of_the_one_layer_export(tmp_pat
     assert leg == {"leg": 1, "init": "experiments/flagship/k1/drafter",
                    "init_copy": "runs/flagship/k1_depth2_leg1/init", "steps": 4000,
                    "data": "runs/corpora/x", "data_shards": 0, "seq_len": 384,
-                   "drafter_layers": 2, "prior_cpu_s": 4100}
+                   "drafter_layers": 2, "k": 1, "prior_cpu_s": 4100}
     assert json.loads((work / "init" / "config.json").read_text()) == {"tag": "leg5"}
     train, finish = calls
     assert "--override=drafter_layers=2" in train.split()
+    assert "--experiment=smollm2_k1_al" in train.split()
     assert "--override=drafter_init=drafter:runs/flagship/k1_depth2_leg1/init" in train.split()
     assert "--workdir=runs/flagship/k1_depth2_leg1" in train.split()
     assert "--keep=experiments/flagship/k1_depth2" in finish.split()
@@ -205,6 +228,34 @@ def test_the_first_depth_leg_grows_a_pinned_copy_of_the_one_layer_export(tmp_pat
     assert leg2["prior_cpu_s"] == 4100 and leg2["init"] == "experiments/flagship/k1_depth2/drafter"
 
 
+def test_the_first_mixture_leg_starts_from_the_one_layer_export_with_the_dblast_recipe(
+        tmp_path):
+    _drafter(tmp_path / "experiments" / "flagship" / "k1" / "drafter", "leg6")
+    (tmp_path / "experiments" / "flagship" / "k1" / "legs.jsonl").write_text(
+        "".join(json.dumps({"leg": i, "training_cpu_s": 1000.0}) + "\n" for i in (1, 2, 3)))
+    done, calls = _run_train(tmp_path, K="4", STEPS="3000", DATA="runs/corpora/p3",
+                             DATA_SHARDS="0", SEQ_LEN="384")
+    assert done.returncode == 0, done.stderr
+    work = tmp_path / "runs" / "flagship" / "k4_leg1"
+    leg = json.loads((work / "leg.json").read_text())
+    assert leg["init"] == "experiments/flagship/k1/drafter" and leg["k"] == 4
+    assert leg["drafter_layers"] == 1 and leg["prior_cpu_s"] == 5100
+    assert json.loads((work / "init" / "config.json").read_text()) == {"tag": "leg6"}
+    train, finish = calls
+    assert "--experiment=smollm2_dblast_k4_al" in train.split()
+    assert "--override=drafter_init=drafter:runs/flagship/k4_leg1/init" in train.split()
+    assert "--override=drafter_layers=1" in train.split()
+    assert "--keep=experiments/flagship/k4" in finish.split()
+    assert "--reference=experiments/flagship/k1" in finish.split()
+    # its second leg continues its own export
+    (tmp_path / "experiments" / "flagship" / "k4" / "legs.jsonl").write_text(
+        json.dumps({"leg": 1, "prior_cpu_s": 5100}) + "\n")
+    _drafter(tmp_path / "experiments" / "flagship" / "k4" / "drafter", "k4leg1")
+    done, calls = _run_train(tmp_path, K="4", STEPS="9")
+    leg2 = json.loads((tmp_path / "runs" / "flagship" / "k4_leg2" / "leg.json").read_text())
+    assert leg2["init"] == "experiments/flagship/k4/drafter" and leg2["prior_cpu_s"] == 5100
+
+
 def test_the_one_layer_chain_keeps_its_names_and_starts_from_its_own_export(tmp_path):
     _drafter(tmp_path / "experiments" / "flagship" / "k1" / "drafter", "leg5")
     (tmp_path / "experiments" / "flagship" / "k1" / "legs.jsonl").write_text(
@@ -213,10 +264,12 @@ def test_the_one_layer_chain_keeps_its_names_and_starts_from_its_own_export(tmp_
     assert done.returncode == 0, done.stderr
     leg = json.loads((tmp_path / "runs" / "flagship" / "k1_leg6" / "leg.json").read_text())
     assert leg["init"] == "experiments/flagship/k1/drafter" and leg["drafter_layers"] == 1
-    assert leg["prior_cpu_s"] == 2100
+    assert leg["prior_cpu_s"] == 2100 and leg["k"] == 1
     train, finish = calls
     assert "--override=drafter_layers=1" in train.split()
+    assert "--experiment=smollm2_k1_al" in train.split()
     assert "--keep=experiments/flagship/k1" in finish.split()
+    assert not any(a.startswith("--reference") for a in finish.split())
 
 
 def _chain(keep, legs):

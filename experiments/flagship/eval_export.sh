@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Does a flagship chain's current export decode faster than what ships? Its drafter
-# (KEEP/drafter, the chain LAYERS names) beside the shipped K = 1 drafter, prompt lookup
+# (KEEP/drafter, the chain LAYERS and K name) beside the shipped K = 1 drafter, prompt lookup
 # (`ngram`) and the export combined with prompt lookup, on the four benchmarks, batch 1:
 # T = 0 / 0.7 with argmax drafts (greedy-branch) and T = 1.0 / 1.5 with drafts sampled from
 # q (sampled-branch). Each `dblast eval` also decodes the same prompts with the same seeds
@@ -16,7 +16,7 @@
 #     LAYERS=2 PROMPTS=2 bash experiments/flagship/eval_export.sh   # the depth chain, quicker
 set -eu
 cd "$(dirname "$0")/../.."
-source experiments/flagship/chain.sh  # KEEP of the chain LAYERS picks
+source experiments/flagship/chain.sh  # KEEP of the chain LAYERS and K pick
 [ -f $KEEP/drafter/config.json ] || { echo "no export to evaluate: $KEEP/drafter/config.json" \
     "is missing (finish a leg of the chain first)" >&2; exit 1; }
 OUT=${OUT:-$KEEP/benchmarks}

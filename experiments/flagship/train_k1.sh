@@ -45,19 +45,26 @@
 #     LAYERS=2 bash experiments/flagship/train_on_grown_corpus.sh
 # Every leg copies its starting drafter into its workdir first (init/), so a resumed leg
 # starts from the same weights even if the chain it grew from has finished a leg since.
+#
+# The mixture run (K=4; or 2, 8): DBlast's K-way latent mixture with NLL + AL + top-64
+# distillation, in its own chain experiments/flagship/k4. Like the depth run, its first
+# leg starts from the 1-layer K = 1 chain's latest export (section 4.7: K = 4 from the
+# K = 1 trunk) and takes the newest complete pass, so that it pairs with the K = 1 leg on
+# the same pass, from the same weights, on the same schedule:
+#     K=4 bash experiments/flagship/train_on_grown_corpus.sh
 set -u
 cd "$(dirname "$0")/../.."
 source experiments/flagship/chain.sh  # KEEP, LEG and WORK of the chain LAYERS picks
 mkdir -p runs/flagship "$KEEP"
 INIT=pretrained/smollm2-135m-instruct/smollm2-dflash-k1
-[ "$LAYERS" != 1 ] && INIT=experiments/flagship/k1/drafter  # grown in depth
+[ "$NAME" != k1 ] && INIT=experiments/flagship/k1/drafter  # grown in depth or into a mixture
 [ -f $KEEP/drafter/config.json ] && INIT=$KEEP/drafter
 PRIOR_CPU_S=2100  # training CPU-s of the chain's starting drafter (the shipped K = 1) ...
 if [ $LEG != 1 ]; then  # a later leg: what the chain's first leg recorded
   PRIOR_CPU_S=$(python -c "
 import json
 print(round(json.loads(open('$KEEP/legs.jsonl').readline()).get('prior_cpu_s', 2100)))")
-elif [ "$LAYERS" != 1 ]; then  # ... + every 1-layer leg a depth chain grew from
+elif [ "$NAME" != k1 ]; then  # ... + every 1-layer leg a grown chain started from
   PRIOR_CPU_S=$(python -c "
 import json, os
 rows = [json.loads(l) for l in open('experiments/flagship/k1/legs.jsonl')] if os.path.exists('experiments/flagship/k1/legs.jsonl') else []
@@ -66,17 +73,17 @@ fi
 mkdir -p $WORK  # the leg's settings, fixed at its start so that a resume keeps them
 if [ ! -f $WORK/leg.json ]; then
   [ -f $INIT/config.json ] || { echo "no drafter to start leg $LEG of $KEEP from: $INIT/config.json" \
-      "is missing (the depth run grows the 1-layer chain's export: run a 1-layer leg first)" >&2
+      "is missing (the $NAME run grows the 1-layer chain's export: run a 1-layer leg first)" >&2
       exit 1; }
   rm -rf $WORK/init && cp -r $INIT $WORK/init.partial && mv $WORK/init.partial $WORK/init
-  printf '{"leg": %d, "init": "%s", "init_copy": "%s", "steps": %d, "data": "%s", "data_shards": %d, "seq_len": %d, "drafter_layers": %d, "prior_cpu_s": %d}\n' \
+  printf '{"leg": %d, "init": "%s", "init_copy": "%s", "steps": %d, "data": "%s", "data_shards": %d, "seq_len": %d, "drafter_layers": %d, "k": %d, "prior_cpu_s": %d}\n' \
       $LEG "$INIT" "$WORK/init" ${STEPS:-3000} "${DATA:-corpora/smollm2_t1}" ${DATA_SHARDS:-68} \
-      ${SEQ_LEN:-256} $LAYERS $PRIOR_CPU_S > $WORK/leg.json
+      ${SEQ_LEN:-256} $LAYERS $K $PRIOR_CPU_S > $WORK/leg.json
 fi
 leg() { python -c "import json; print(json.load(open('$WORK/leg.json')).get('$1', '${2-}'))"; }
 STEPS=$(leg steps) INIT=$(leg init_copy "$(leg init)") DATA=$(leg data corpora/smollm2_t1)
 DATA_SHARDS=$(leg data_shards 68) SEQ_LEN=$(leg seq_len 256) LAYERS=$(leg drafter_layers 1)
-nice -n 10 python experiments/budget/budget_curve.py --experiment=smollm2_k1_al \
+nice -n 10 python experiments/budget/budget_curve.py --experiment=$EXPERIMENT \
   --workdir=$WORK --max_steps=$STEPS --segment_steps=${SEGMENT:-500} \
   --checkpoint_every=250 --budget_cpu_s=1e9 --validation_batches=8 \
   --override=data=$DATA --override=data_shards=$DATA_SHARDS \
@@ -87,7 +94,7 @@ nice -n 10 python experiments/budget/budget_curve.py --experiment=smollm2_k1_al 
   --override=train_head_tokens=4096 --override=train_head_sampled=1024 \
   --override=distill_weight=1.0 --override=drafter_init=drafter:$INIT \
   "$@" >> $WORK.log 2>&1 || { echo "leg $LEG stopped; see $WORK.log" >&2; exit 1; }
-REFERENCE=()  # the depth run's learning curve shows the 1-layer run beside it
-[ "$LAYERS" != 1 ] && REFERENCE=(--reference=experiments/flagship/k1)
+REFERENCE=()  # a grown chain's learning curve shows the 1-layer K = 1 run beside it
+[ "$NAME" != k1 ] && REFERENCE=(--reference=experiments/flagship/k1)
 python experiments/flagship/finish_leg.py --leg_dir=$WORK --keep=$KEEP --leg=$LEG \
   "${REFERENCE[@]}" >> $WORK.log 2>&1

@@ -34,6 +34,9 @@
 # it rotates passes by its own legs, so its first leg takes the newest complete pass. Start
 # it once the 1-layer leg on the same pass has begun training: both read one feature cache
 # (runs/flagship/features), and a training process uses about one of the two cores.
+# K=4 runs the mixture chain's next leg the same way (experiments/flagship/k4: DBlast's
+# K-way mixture with NLL + AL from the 1-layer chain's export), paired with the 1-layer
+# leg on the newest pass.
 set -eu
 cd "$(dirname "$0")/../.."
 source experiments/flagship/chain.sh  # KEEP, LEG and WORK of the chain LAYERS picks
