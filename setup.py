@@ -31,6 +31,8 @@ TORCH = ["torch==2.13.0"]
 
 TEST = TORCH + [
     "pytest>=9.0.3,<10",
+    # two test workers (README: `-n 2 --dist loadfile`) keep the suite near 20 minutes
+    "pytest-xdist>=3.8.0,<4",
     "transformers>=5.24.0,<6",
     "sentencepiece>=0.2.3,<0.3",
     # the Colab notebook is executed by the test suite (tests/test_notebook.py)

@@ -8,6 +8,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import jax  # noqa: E402
+import pytest  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -23,6 +24,30 @@ def pytest_configure(config):
 def pytest_addoption(parser):
     parser.addoption("--run-slow", action="store_true", default=False,
                      help="also run the tests marked slow")
+
+
+# Test files that share a session fixture too costly to build twice (the tiny demo, ~150 s)
+# run on one worker under `pytest -n 2 --dist loadfile` (README's command): they form one
+# work unit, keyed by the first file of their group.
+SHARED_SESSION_FIXTURE_FILES = (("tests/test_demo.py", "tests/test_notebook.py"),)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's per-file scheduler, with each group of SHARED_SESSION_FIXTURE_FILES as one
+    work unit (with `--dist loadfile` only; other modes keep xdist's own scheduler)."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    unit_of = {f: group[0] for group in SHARED_SESSION_FIXTURE_FILES for f in group}
+
+    class SharedFixtureFileScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return unit_of.get(path, path)
+
+    return SharedFixtureFileScheduling(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
