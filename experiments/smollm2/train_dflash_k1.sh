@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Rebuilds the shipped K = 1 drafter (pretrained/smollm2-135m-instruct/smollm2-dflash-k1)
+# Rebuilds the K = 1 drafter shipped until 2026-12-05 as pretrained:smollm2-dflash-k1, the
+# starting point of the K = 1 flagship run that ships now (experiments/flagship/train_k1.sh),
 # end to end from the committed corpus (corpora/smollm2_t1, shards 0-67; 68-71 held out):
 #   1. the K = 1 trunk (experiments/budget/from_trunk.sh, trained if runs/budget/trunk_k1 is
 #      absent): five taps, one drafter layer, mask token 16, 1,000 steps of the DFlash loss
