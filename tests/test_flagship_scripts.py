@@ -2,6 +2,7 @@
 finished and what earlier legs used: run in a scratch copy of the repository layout with a stand-in `dblast` and a
 stand-in train_k1.sh that record what they were given."""
 
+import functools
 import json
 import os
 import shlex
@@ -272,6 +273,17 @@ def test_the_one_layer_chain_keeps_its_names_and_starts_from_its_own_export(tmp_
     assert not any(a.startswith("--reference") for a in finish.split())
 
 
+@functools.lru_cache(maxsize=None)
+def _finish_leg_module():
+    """finish_leg.py loaded once per test process (its absl flags can be defined once)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "finish_leg", os.path.join(ROOT, "experiments", "flagship", "finish_leg.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _chain(keep, legs):
     """A committed chain folder: legs [(leg row, [(step, cpu_s, al), ...])]."""
     keep.mkdir(parents=True, exist_ok=True)
@@ -285,11 +297,7 @@ def _chain(keep, legs):
 def test_the_depth_run_shares_the_one_layer_runs_cpu_axis(tmp_path):
     """The depth chain's curve starts where the 1-layer legs it grew from ended, and its
     learning curve draws the 1-layer run beside it."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(
-        "finish_leg", os.path.join(ROOT, "experiments", "flagship", "finish_leg.py"))
-    finish_leg = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(finish_leg)
+    finish_leg = _finish_leg_module()
     one, two = tmp_path / "k1", tmp_path / "k1_depth2"
     _chain(one, [({"leg": 1, "steps": 10, "training_cpu_s": 1800.0},
                   [(0, 0.0, 0.30), (10, 1800.0, 0.40)]),
@@ -308,6 +316,22 @@ def test_the_depth_run_shares_the_one_layer_runs_cpu_axis(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert (two / "learning_curve.png").stat().st_size > 1000
+
+
+def test_the_mixture_chain_is_drawn_by_the_mixtures_acceptance(tmp_path):
+    """A K > 1 leg's curve points carry both the branch's and the mixture's acceptance; the
+    chain is drawn (and compared with the K = 1 run) by the mixture's, DBlast's verifier."""
+    finish_leg = _finish_leg_module()
+    keep = tmp_path / "k4"
+    keep.mkdir()
+    (keep / "legs.jsonl").write_text(json.dumps({"leg": 1, "steps": 10, "k": 4,
+                                                 "training_cpu_s": 100.0}) + "\n")
+    (keep / "curve_leg1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
+        {"step": 0, "cpu_s": 0.0, "al_estimate": 0.40, "al_estimate_mixture": 0.42},
+        {"step": 10, "cpu_s": 100.0, "al_estimate": 0.41, "al_estimate_mixture": 0.45}]))
+    (_, _, y), = finish_leg.chain_points(str(keep), 0.0)
+    assert y == [0.42, 0.45]
+    assert finish_leg.held_out_al({"al_estimate": 0.3}) == 0.3
 
 
 def test_a_depth_leg_without_a_one_layer_export_is_refused_with_nothing_written(tmp_path):

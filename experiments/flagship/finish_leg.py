@@ -36,6 +36,13 @@ flags.DEFINE_string("reference", None, "another chain's committed folder drawn i
                     "on the same axis (the 1-layer run beside the depth run)")
 
 
+def held_out_al(row: dict) -> float:
+    """A curve point's held-out acceptance: the mixture's (drafts sampled from q, verified
+    against the whole mixture) where the drafter has one (K > 1), which is the K = 1
+    drafter's own otherwise."""
+    return row.get("al_estimate_mixture", row["al_estimate"])
+
+
 def chain_points(keep: str, prior_cpu_s: float) -> list[tuple[dict, list, list]]:
     """(leg row, cumulative training CPU-hours, held-out AL) of every recorded leg of a
     chain; a chain grown from another (the depth run) records in its first leg what its
@@ -46,7 +53,7 @@ def chain_points(keep: str, prior_cpu_s: float) -> list[tuple[dict, list, list]]
     for leg in legs:
         rows = read_curve(os.path.join(keep, f"curve_leg{leg['leg']}.jsonl"))
         points.append((leg, [(offset + r["cpu_s"]) / 3600 for r in rows],
-                       [r["al_estimate"] for r in rows]))
+                       [held_out_al(r) for r in rows]))
         offset += leg["training_cpu_s"]
     return points
 
@@ -76,7 +83,8 @@ def plot_learning_curve(keep: str, prior_cpu_s: float,
         ax.plot(x, y, marker="o", label=f"leg {leg['leg']} ({leg['steps']:,} steps)")
     ax.set_xscale("log")
     ax.set_xlabel("cumulative training CPU-hours (log; includes the starting drafter's)")
-    ax.set_ylabel("held-out expected accepted drafts / block\n(T_v = 1.0, b = 8)")
+    ax.set_ylabel("held-out expected accepted drafts / block\n(T_v = 1.0, b = 8; "
+                  "K > 1: the mixture)")
     layers = points[-1][0].get("drafter_layers", 1)
     ax.set_title(f"K = 1 flagship, {layers} drafter layer{'s' if layers > 1 else ''}: "
                  "the learning curve (goal 0.9)")
@@ -119,13 +127,13 @@ def main(argv) -> int:
                    force=True)
     curve = os.path.join(FLAGS.keep, f"curve_leg{FLAGS.leg}.jsonl")
     atomic_write_text(curve, "".join(json.dumps(r) + "\n" for r in rows))
-    metrics = ("al_estimate", "top1", "greedy_accepted", "block_nll")
+    metrics = ("al_estimate", "al_estimate_mixture", "top1", "greedy_accepted", "block_nll")
     # and the same metrics on the extra held-out sets (--extra_validation=NAME=...: NAME/key)
     keep = lambda row: [k for k in row if k.rsplit("/", 1)[-1] in metrics]
     record = {"leg": FLAGS.leg, "init": leg["init"], "steps": leg["steps"],
               "data": leg.get("data", "corpora/smollm2_t1"),
               "data_shards": leg.get("data_shards", 68), "seq_len": leg.get("seq_len", 256),
-              "drafter_layers": leg.get("drafter_layers", 1),
+              "drafter_layers": leg.get("drafter_layers", 1), "k": leg.get("k", 1),
               # the chain's x-axis origin: read from its first leg only (chain_points)
               **({"prior_cpu_s": leg["prior_cpu_s"]}
                  if "prior_cpu_s" in leg and FLAGS.leg == 1 else {}),

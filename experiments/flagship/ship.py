@@ -111,7 +111,8 @@ def main(argv):
         "results": (f"RESULTS.md (the shipped drafters); {FLAGS.keep}/README.md; "
                     "docs/research_log.md"),
         "held_out_at_last_leg_end": {key: held[key] for key in
-                                     ("al_estimate", "hot/al_estimate",
+                                     ("al_estimate", "al_estimate_mixture",
+                                      "hot/al_estimate", "hot/al_estimate_mixture",
                                       "greedy/greedy_accepted")
                                      if key in held},
         "verify_temperature": 1.0,
