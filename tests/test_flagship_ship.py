@@ -56,4 +56,9 @@ def test_a_chain_without_a_finished_leg_or_an_export_is_refused(tmp_path):
     (keep / "drafter" / "config.json").write_text("{}")
     done = _ship(keep, tmp_path / "out", tmp_path / "pretrained")
     assert done.returncode != 0 and "records no finished leg" in done.stderr
+    (keep / "legs.jsonl").write_text(json.dumps(
+        {"leg": 1, "steps": 1, "training_cpu_s": 1.0, "data": str(tmp_path / "gone")}) + "\n")
+    done = _ship(keep, tmp_path / "out", tmp_path / "pretrained")
+    assert done.returncode != 0 and f"{tmp_path / 'gone'} (its token counts) is missing" \
+        in done.stderr
     assert not (tmp_path / "out").exists() and not (tmp_path / "pretrained").exists()

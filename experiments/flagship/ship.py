@@ -73,9 +73,15 @@ def main(argv):
         chain = chain_summary(FLAGS.keep, FLAGS.prior_steps)
     except ValueError as e:
         raise SystemExit(str(e))
-    subprocess.run(["dblast", "export", drafter, "--out", FLAGS.out, "--target", FLAGS.target,
-                    "--dtype", "bfloat16", "--token-counts-from", chain["last_data"]],
-                   check=True)
+    if not os.path.exists(chain["last_data"]):
+        raise SystemExit(f"the last leg's training data {chain['last_data']} (its token "
+                         "counts) is missing: train_on_grown_corpus.sh merges it again")
+    done = subprocess.run(["dblast", "export", drafter, "--out", FLAGS.out, "--target",
+                           FLAGS.target, "--dtype", "bfloat16", "--token-counts-from",
+                           chain["last_data"]])
+    if done.returncode != 0:
+        raise SystemExit(f"dblast export of {drafter} to {FLAGS.out} failed (exit "
+                         f"{done.returncode}); nothing was shipped")
     chain_name = os.path.basename(os.path.normpath(FLAGS.keep))
     layers = chain["drafter_layers"]
     k = chain["k"]
