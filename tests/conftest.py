@@ -24,6 +24,9 @@ def pytest_configure(config):
 def pytest_addoption(parser):
     parser.addoption("--run-slow", action="store_true", default=False,
                      help="also run the tests marked slow")
+    parser.addoption("--record-file-seconds", default=None, metavar="PATH",
+                     help="write the wall seconds of each test file to PATH (JSON); "
+                          "tests/seconds_per_file.json orders the files, heaviest first")
 
 
 # Test files that share a session fixture too costly to build twice (the tiny demo, ~150 s)
@@ -43,6 +46,12 @@ def pytest_xdist_make_scheduler(config, log):
     unit_of = {f: group[0] for group in SHARED_SESSION_FIXTURE_FILES for f in group}
 
     class SharedFixtureFileScheduling(LoadFileScheduling):
+        def __init__(self, config, log=None):
+            super().__init__(config, log)
+            # the collection is already heaviest first (pytest_collection_modifyitems);
+            # xdist's own reordering, by number of tests, would undo that
+            config.option.loadscopereorder = False
+
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
             return unit_of.get(path, path)
@@ -51,6 +60,11 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_collection_modifyitems(config, items):
+    import suite_order
+    order = suite_order.heaviest_first([item.nodeid for item in items],
+                                       suite_order.load_file_seconds(),
+                                       SHARED_SESSION_FIXTURE_FILES)
+    items[:] = [items[i] for i in order]
     if config.getoption("--run-slow") or os.environ.get("DBLAST_RUN_SLOW") == "1":
         return
     import pytest
@@ -58,6 +72,27 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+_file_seconds = None  # the FileSecondsRecorder of --record-file-seconds
+
+
+def pytest_sessionstart(session):
+    global _file_seconds
+    path = session.config.getoption("--record-file-seconds")
+    if path and not hasattr(session.config, "workerinput"):  # the controller, or no xdist
+        import suite_order
+        _file_seconds = suite_order.FileSecondsRecorder(path)
+
+
+def pytest_runtest_logreport(report):
+    if _file_seconds is not None:
+        _file_seconds.add(report.nodeid, report.duration)
+
+
+def pytest_sessionfinish(session):
+    if _file_seconds is not None:
+        _file_seconds.write()
 
 
 def chi_square_pvalue(samples, seqs, probs):
