@@ -109,6 +109,29 @@ def test_each_leg_takes_the_greedy_corpus_and_the_least_used_sampled_pass(
     assert "--extra_validation=greedy=corpora/smollm2_t0_heldout:0:4" in train
 
 
+_LEGS_1_7 = _LEGS_1_3 + [f"runs/corpora/smollm2_t0_t1pass{p}" for p in (1, 1, 2, 3)]
+
+
+@pytest.mark.parametrize("seed2, legs, sampled, data", [
+    # a second sampling seed's folder adds passes 4-6 as its 68-shard passes finish
+    (67, _LEGS_1_7, "corpora/smollm2_t1_more:136:204", "runs/corpora/smollm2_t0_t1pass3"),
+    (68, _LEGS_1_7, "corpora/smollm2_t1_more_seed2:0:68", "runs/corpora/smollm2_t0_t1pass4"),
+    (204, _LEGS_1_7, "corpora/smollm2_t1_more_seed2:136:204",
+     "runs/corpora/smollm2_t0_t1pass6"),
+    (204, _LEGS_1_7 + ["runs/corpora/smollm2_t0_t1pass6"],
+     "corpora/smollm2_t1_more_seed2:68:136", "runs/corpora/smollm2_t0_t1pass5"),
+])
+def test_a_second_sampling_seed_adds_passes_four_to_six(tmp_path, seed2, legs, sampled, data):
+    _corpus(tmp_path / "corpora" / "smollm2_t0", range(72))
+    _corpus(tmp_path / "corpora" / "smollm2_t1_more", range(204))
+    _corpus(tmp_path / "corpora" / "smollm2_t1_more_seed2", range(seed2))
+    _legs(tmp_path, legs)
+    done, calls = _run(tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert calls[0].split()[5:7] == ["corpora/smollm2_t0:0:68", sampled]
+    assert calls[0].split()[4] == data
+
+
 def test_a_started_leg_resumes_on_its_own_corpus_without_merging(tmp_path):
     _corpus(tmp_path / "corpora" / "smollm2_t0", range(72))
     leg = tmp_path / "runs" / "flagship" / "k1_leg1"
@@ -403,3 +426,30 @@ def test_eval_export_sets_the_chains_export_beside_the_shipped_drafter(tmp_path,
     # the export at shorter blocks, against itself at its trained block
     assert f"--drafter {label}={export} --blocks 4 3 2 --baseline {label} " in blocks
     assert "--temperatures 0 0.7 " in blocks and blocks.endswith(f"/{keep}/benchmarks/blocks")
+
+
+@pytest.mark.parametrize("seed, out", [(None, "corpora/smollm2_t1_more"),
+                                       ("2", "corpora/smollm2_t1_more_seed2")])
+def test_each_sampling_seed_grows_its_own_folder(tmp_path, seed, out):
+    flagship = tmp_path / "experiments" / "flagship"
+    flagship.mkdir(parents=True)
+    shutil.copy(os.path.join(ROOT, "experiments", "flagship", "grow_sampled_corpus.sh"),
+                flagship)
+    log, bin_dir = tmp_path / "calls.txt", tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "dblast").write_text(f'#!/bin/sh\necho "dblast $*" >> {shlex.quote(str(log))}\n')
+    (bin_dir / "dblast").chmod(0o755)
+    done, calls = _run_with_stand_ins(flagship / "grow_sampled_corpus.sh", bin_dir, log,
+                                      {"SEED": seed} if seed else {})
+    assert done.returncode == 0, done.stderr
+    args = calls[0].split()
+    assert args[:5] == ["dblast", "data", "regenerate", "--out", out]
+    assert args[args.index("--seed") + 1] == (seed or "1")
+    assert args[args.index("--prompts-from") + 1] == "corpora/smollm2_t1:0:68"
+
+
+def test_a_bad_sampling_seed_is_refused(tmp_path):
+    done = subprocess.run(["bash", os.path.join(ROOT, "experiments", "flagship",
+                                                "grow_sampled_corpus.sh")],
+                          env=dict(os.environ, SEED="0"), capture_output=True, text=True)
+    assert done.returncode == 2 and "seed 0 made corpora/smollm2_t1" in done.stderr

@@ -16,9 +16,25 @@
 # rerun the same command to resume (finished shards are kept). Each flagship leg
 # (train_on_grown_corpus.sh) trains on the greedy corpus plus one complete 68-shard pass:
 # the one the finished legs used least.
+#
+# SEED=2 (3, ...) grows three further passes with new sampling keys into
+# corpora/smollm2_t1_more_seed2 (...): passes 4-6 (7-9, ...) of train_on_grown_corpus.sh,
+# each usable as soon as its 68 shards are finished. Every leg on a fresh pass has gained
+# (research log sections 11-13), and a pass trained on twice has not: fresh answers, not
+# steps, are what the flagship runs out of.
+#
+#     bash experiments/flagship/grow_sampled_corpus.sh           # seed 1 (complete)
+#     SEED=2 bash experiments/flagship/grow_sampled_corpus.sh    # passes 4-6, or resume
 set -u
 cd "$(dirname "$0")/../.."
-nice -n 10 dblast data regenerate --out corpora/smollm2_t1_more \
+SEED=${SEED:-1}
+case "$SEED" in
+  1) OUT=corpora/smollm2_t1_more ;;
+  [2-9]) OUT=corpora/smollm2_t1_more_seed$SEED ;;
+  *) echo "SEED must be a sampling seed from 1 to 9 (seed 0 made corpora/smollm2_t1), not '$SEED'" >&2
+     exit 2 ;;
+esac
+nice -n 10 dblast data regenerate --out $OUT \
     --prompts-from corpora/smollm2_t1:0:68 --gen-temperatures 1.0,1.0,1.0 \
     --verify-temperatures none --max-new-tokens 256 --max-prompt-tokens 512 \
-    --batch-size ${BATCH:-16} --shard-size 32 --seed 1 --no-progress "$@"
+    --batch-size ${BATCH:-16} --shard-size 32 --seed $SEED --no-progress "$@"

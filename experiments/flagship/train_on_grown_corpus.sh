@@ -2,8 +2,9 @@
 # The next flagship K = 1 leg (train_k1.sh) on the grown corpus: the 68 training shards of
 # the greedy corpus corpora/smollm2_t0 (the training prompts answered at T = 0) plus ONE
 # sampled pass, one T = 1.0 answer to each training prompt: pass 0 is the 68 training
-# shards of corpora/smollm2_t1, pass p >= 1 the shards 68(p-1) .. 68p-1 of
-# corpora/smollm2_t1_more (grow_sampled_corpus.sh). The leg takes the complete pass the
+# shards of corpora/smollm2_t1, passes 1-3 the shards 68(p-1) .. 68p-1 of
+# corpora/smollm2_t1_more, passes 4-6 those of corpora/smollm2_t1_more_seed2, and so on
+# (grow_sampled_corpus.sh, SEED=1, 2, ...). The leg takes the complete pass the
 # finished legs (experiments/flagship/k1/legs.jsonl) used least, the newest on a tie, so
 # that every leg trains on the answers the drafter has seen least. Records whose prompt
 # repeats a held-out prompt are left out. The held-out shards at T_v = 1.5 and greedy
@@ -65,33 +66,42 @@ while n in done:
     n += 1
 print(n)"; }
 GREEDY=corpora/smollm2_t0
-MORE=corpora/smollm2_t1_more
 GDONE=$(finished $GREEDY)
 if [ $GDONE -lt 68 ]; then
   echo "the greedy corpus is not finished: $GREEDY has $GDONE of 68 training shards (run" \
        "experiments/flagship/regenerate_greedy_corpus.sh)" >&2
   exit 1
 fi
+# The sampled passes: pass 0 is corpora/smollm2_t1:0:68; the grown folder of sampling seed
+# s (grow_sampled_corpus.sh: corpora/smollm2_t1_more for seed 1, ..._more_seedS after it)
+# holds passes 3(s-1)+1 .. 3s, 68 shards each. Complete passes only, as "PASS SOURCE" lines.
+PASSES=$(echo "0 corpora/smollm2_t1:0:68"
+  for s in 1 2 3 4 5 6 7 8 9; do
+    folder=corpora/smollm2_t1_more; [ $s -gt 1 ] && folder=${folder}_seed$s
+    [ -d $folder ] || continue
+    n=$(finished $folder)
+    for j in 0 1 2; do
+      if [ $n -ge $(( 68 * (j + 1) )) ]; then
+        echo "$(( 3 * (s - 1) + j + 1 )) $folder:$(( 68 * j )):$(( 68 * (j + 1) ))"
+      fi
+    done
+  done)
 # the least used complete sampled pass, the newest on a tie; a finished leg's corpus names
 # its pass (..._t1passP); legs on the original corpora (smollm2_t1, smollm2_t1_t0) used
 # pass 0 and legs on every pass merged (..._moreN) used passes 0 .. N
-PASS=$(python -c "
+PASS=$(PASSES="$PASSES" python -c "
 import json, os, re
-passes = 1 + min($(finished $MORE) // 68, 3)
-used = [0] * passes
+passes = [int(line.split()[0]) for line in os.environ['PASSES'].splitlines()]
+used = dict.fromkeys(passes, 0)
 legs = '$KEEP/legs.jsonl'
 for line in open(legs) if os.path.exists(legs) else []:
     data = json.loads(line).get('data', 'corpora/smollm2_t1')
     one, every = re.search(r't1pass(\d+)$', data), re.search(r'_more(\d+)$', data)
     for p in [int(one.group(1))] if one else range(1 + int(every.group(1)) if every else 1):
-        if p < passes:
+        if p in used:
             used[p] += 1
-print(min(range(passes), key=lambda p: (used[p], -p)))")
-if [ $PASS -eq 0 ]; then
-  SAMPLED=corpora/smollm2_t1:0:68
-else
-  SAMPLED=$MORE:$(( 68 * (PASS - 1) )):$(( 68 * PASS ))
-fi
+print(min(passes, key=lambda p: (used[p], -p)))")
+SAMPLED=$(echo "$PASSES" | awk -v p=$PASS '$1 == p {print $2}')
 DATA=runs/corpora/smollm2_t0_t1pass$PASS
 echo "leg $LEG of $KEEP: merging $GREEDY:0:68 $SAMPLED into $DATA"
 dblast data merge --out $DATA $GREEDY:0:68 $SAMPLED --exclude-prompts-of corpora/smollm2_t1:68:72
