@@ -62,3 +62,30 @@ def test_a_chain_without_a_finished_leg_or_an_export_is_refused(tmp_path):
     assert done.returncode != 0 and f"{tmp_path / 'gone'} (its token counts) is missing" \
         in done.stderr
     assert not (tmp_path / "out").exists() and not (tmp_path / "pretrained").exists()
+
+
+def test_a_grown_chain_says_where_its_first_leg_started(tmp_path):
+    ship_random_drafter(tmp_path / "src", "tiny-llama", 4)
+    keep = tmp_path / "k4"
+    os.makedirs(keep)
+    os.rename(tmp_path / "src" / "export", keep / "drafter")
+    corpus = make_corpus(tmp_path / "corpus")
+    (keep / "legs.jsonl").write_text(json.dumps(
+        {"leg": 1, "init": "experiments/flagship/k1/drafter", "steps": 1000, "k": 4,
+         "training_cpu_s": 2400.0, "prior_cpu_s": 24562, "data": str(corpus),
+         "end": {"al_estimate": 0.5, "al_estimate_mixture": 0.52}}) + "\n")
+    done = subprocess.run([sys.executable, SHIP, f"--keep={keep}", "--name=tiny-k4",
+                           f"--out={tmp_path / 'out'}", "--target=tiny-llama",
+                           f"--root={tmp_path / 'pretrained'}", "--prior_steps=25000"],
+                          capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert done.returncode == 0, done.stderr
+    entry = json.loads((tmp_path / "pretrained" / "manifest.json").read_text())[
+        "drafters"]["tiny-k4"]
+    assert entry["steps"] == 26000 and entry["training_cpu_s"] == 26962
+    assert entry["experiment"] == "smollm2_dblast_k4_al"
+    assert ("its first leg started from experiments/flagship/k1/drafter (a drafter of "
+            "25,000 steps): 1 leg of" in entry["description"])
+    assert "plain DFlash" not in entry["description"]
+    assert entry["held_out_at_last_leg_end"] == {"al_estimate": 0.5,
+                                                 "al_estimate_mixture": 0.52}

@@ -31,7 +31,8 @@ flags.DEFINE_string("out", None, "where the re-export with token counts is writt
                     "first (a scratch folder)", required=True)
 flags.DEFINE_string("target", "smollm2-135m-instruct", "the drafter's target model")
 flags.DEFINE_integer("prior_steps", 2000, "training steps of the chain's first starting "
-                     "drafter (the K = 1 shipped before the flagship: 2,000)")
+                     "drafter (the K = 1 shipped before the flagship: 2,000; for a chain "
+                     "grown from the 1-layer K = 1 chain, that chain's steps at the branch)")
 flags.DEFINE_string("root", None, "the pretrained tree (default: the repository's)")
 
 
@@ -59,6 +60,7 @@ def chain_summary(keep: str, prior_steps: int) -> dict:
         "drafter_layers": int(last.get("drafter_layers", 1)),
         "seq_len": int(last.get("seq_len", 256)),
         "held_out": last.get("end", {}),
+        "init": first.get("init", ""),
     }
 
 
@@ -88,12 +90,17 @@ def main(argv):
     kind = ("K = 1 DFlash drafter" if k == 1 else
             f"K = {k} DBlast drafter (the latent mixture, verified against the whole mixture)")
     held = chain["held_out"]
+    grown = (chain["init"] and os.path.normpath(os.path.dirname(chain["init"]))
+             != os.path.normpath(FLAGS.keep) and not chain["init"].startswith("pretrained"))
+    start = (f", its first leg started from {chain['init']} (a drafter of "
+             f"{FLAGS.prior_steps:,} steps)" if grown else "")
     info = {
         "description": (
             f"{kind}, block 8, {layers} layer{'s' if layers > 1 else ''} reading five target "
             "taps (1, 7, 14, 20, 27), mask token 16 (<empty_output>)"
             + (": a plain DFlash checkpoint" if k == 1 else "")
-            + f". The flagship run {FLAGS.keep}: {chain['legs']} legs of NLL + AL + top-64 "
+            + f". The flagship run {FLAGS.keep}{start}: {chain['legs']} "
+            f"leg{'s' if chain['legs'] > 1 else ''} of NLL + AL + top-64 "
             "distillation with the sampled training head (4,096 + 1,024 tokens) on the "
             "greedy and sampled SmolLM2 answers, "
             f"{chain['steps']:,} steps and {chain['training_cpu_s'] / 3600:.1f} training "
