@@ -76,6 +76,18 @@ def load_target(path_or_preset: str, dtype=jnp.float32, seed: int = 0) -> Target
         config, params = load_hf(path, dtype=dtype)
         tokenizer = Tokenizer.from_file(path) if (path / "tokenizer.json").exists() else None
         return Target(config, params, tokenizer, path.name)
+    check_target_source(name)
+    raise AssertionError("unreachable: check_target_source accepted " + repr(name))
+
+
+def check_target_source(path_or_preset: str) -> None:
+    """Raise load_target's FileNotFoundError for a name that is no preset, .gguf file or
+    folder, without loading anything: commands check it before slower work (reading or
+    fetching prompt pools), so a mistyped --model fails first."""
+    name = str(path_or_preset)
+    path = Path(os.path.expanduser(name))
+    if name in registry.MODELS or (path.is_file() and path.suffix == ".gguf") or path.is_dir():
+        return
     known = sorted(registry.MODELS)
     raise FileNotFoundError(
         f"{name!r} is neither a known preset ({', '.join(known)}), a Hugging Face folder "

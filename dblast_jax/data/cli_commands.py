@@ -102,6 +102,7 @@ def run_regenerate(model: str, out: str, *, pools: Optional[Sequence[str]] = Non
     device_mesh = local_mesh(mesh)  # a bad spec fails before the target loads
     # a folder of other files is refused before the target loads (every process alike)
     check_output_folder(out, "corpus", "--out")
+    generation.check_target_source(model)  # before the prompt pools are read or fetched
     if prompts_from:
         if pools or limit is not None or system:
             raise ValueError("--prompts-from replaces the training pools: drop --pools / "
