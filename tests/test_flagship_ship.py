@@ -87,5 +87,8 @@ def test_a_grown_chain_says_where_its_first_leg_started(tmp_path):
     assert ("its first leg started from experiments/flagship/k1/drafter (a drafter of "
             "25,000 steps): 1 leg of" in entry["description"])
     assert "plain DFlash" not in entry["description"]
+    assert entry["command"].startswith("K=4 bash experiments/flagship/train_on_grown_corpus.sh")
+    assert "# the next leg; 1 leg, each" in entry["command"]
+    assert entry["command"].endswith("--name=tiny-k4 --out=OUT --prior_steps=25000")
     assert entry["held_out_at_last_leg_end"] == {"al_estimate": 0.5,
                                                  "al_estimate_mixture": 0.52}

@@ -115,10 +115,13 @@ def main(argv):
         "command": (f"{'K=' + str(k) + ' ' if k != 1 else ''}"
                     f"{'LAYERS=' + str(layers) + ' ' if layers != 1 else ''}"
                     "bash experiments/flagship/train_on_grown_corpus.sh  # the next leg; "
-                    f"{chain['legs']} legs, each run by experiments/flagship/train_k1.sh with "
+                    f"{chain['legs']} leg{'s' if chain['legs'] > 1 else ''}, each run by "
+                    "experiments/flagship/train_k1.sh with "
                     f"the corpus, steps and window recorded in {FLAGS.keep}/legs.jsonl; then "
                     f"python experiments/flagship/ship.py --keep={FLAGS.keep} "
-                    f"--name={FLAGS.name} --out=OUT"),
+                    f"--name={FLAGS.name} --out=OUT"
+                    + (f" --prior_steps={FLAGS.prior_steps}" if FLAGS.prior_steps != 2000
+                       else "")),
         "token_counts": (f"response-token counts of {chain['last_data']} (the last leg's "
                          "training data): the ranking of `@draft_vocab=N`"),
         "results": (f"RESULTS.md (the shipped drafters); {FLAGS.keep}/README.md; "
