@@ -13,19 +13,24 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHIP = os.path.join(ROOT, "experiments", "flagship", "ship.py")
 
 
-def _ship(keep, out, root):
-    return subprocess.run([sys.executable, SHIP, f"--keep={keep}", "--name=tiny-flagship",
-                           f"--out={out}", "--target=tiny-llama", f"--root={root}"],
+def _ship(keep, out, root, name="tiny-flagship", *flags):
+    return subprocess.run([sys.executable, SHIP, f"--keep={keep}", f"--name={name}",
+                           f"--out={out}", "--target=tiny-llama", f"--root={root}", *flags],
                           capture_output=True, text=True, timeout=600,
                           env=dict(os.environ, JAX_PLATFORMS="cpu"))
 
 
-def test_a_chain_ships_with_token_counts_and_its_history(tmp_path):
+def _chain_with_export(tmp_path, name):
+    """KEEP = tmp_path/name holding a tiny random export as its drafter, and a corpus."""
     ship_random_drafter(tmp_path / "src", "tiny-llama", 4)
-    keep = tmp_path / "keep"
+    keep = tmp_path / name
     os.makedirs(keep)
     os.rename(tmp_path / "src" / "export", keep / "drafter")
-    corpus = make_corpus(tmp_path / "corpus")
+    return keep, make_corpus(tmp_path / "corpus")
+
+
+def test_a_chain_ships_with_token_counts_and_its_history(tmp_path):
+    keep, corpus = _chain_with_export(tmp_path, "keep")
     legs = [{"leg": 1, "steps": 100, "training_cpu_s": 50.0, "data": "corpora/a",
              "prior_cpu_s": 2100},
             {"leg": 2, "steps": 300, "training_cpu_s": 150.0, "data": str(corpus), "k": 1,
@@ -65,20 +70,13 @@ def test_a_chain_without_a_finished_leg_or_an_export_is_refused(tmp_path):
 
 
 def test_a_grown_chain_says_where_its_first_leg_started(tmp_path):
-    ship_random_drafter(tmp_path / "src", "tiny-llama", 4)
-    keep = tmp_path / "k4"
-    os.makedirs(keep)
-    os.rename(tmp_path / "src" / "export", keep / "drafter")
-    corpus = make_corpus(tmp_path / "corpus")
+    keep, corpus = _chain_with_export(tmp_path, "k4")
     (keep / "legs.jsonl").write_text(json.dumps(
         {"leg": 1, "init": "experiments/flagship/k1/drafter", "steps": 1000, "k": 4,
          "training_cpu_s": 2400.0, "prior_cpu_s": 24562, "data": str(corpus),
          "end": {"al_estimate": 0.5, "al_estimate_mixture": 0.52}}) + "\n")
-    done = subprocess.run([sys.executable, SHIP, f"--keep={keep}", "--name=tiny-k4",
-                           f"--out={tmp_path / 'out'}", "--target=tiny-llama",
-                           f"--root={tmp_path / 'pretrained'}", "--prior_steps=25000"],
-                          capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    done = _ship(keep, tmp_path / "out", tmp_path / "pretrained", "tiny-k4",
+                 "--prior_steps=25000")
     assert done.returncode == 0, done.stderr
     entry = json.loads((tmp_path / "pretrained" / "manifest.json").read_text())[
         "drafters"]["tiny-k4"]
