@@ -143,9 +143,10 @@ def test_a_started_leg_resumes_on_its_own_corpus_without_merging(tmp_path):
     assert len(calls) == 1 and calls[0].startswith("train DATA= ")
 
 
-def test_the_depth_chain_rotates_passes_by_its_own_legs(tmp_path):
-    """LAYERS=2 is its own chain: the 1-layer legs on pass 2 do not make it skip pass 2,
-    so its first leg pairs with the 1-layer leg on the same answers."""
+def test_the_depth_chain_is_its_own_chain_and_pairs_with_the_one_layer_leg(tmp_path):
+    """LAYERS=2 is its own chain: its first leg takes the pass the next 1-layer leg takes
+    (the one-layer legs' least used), so the two are paired on the same answers; later
+    legs count its own legs (and the 1-layer legs its first leg recorded: none here)."""
     _corpus(tmp_path / "corpora" / "smollm2_t0", range(72))
     _corpus(tmp_path / "corpora" / "smollm2_t1_more", range(136))
     _legs(tmp_path, _LEGS_1_3 + ["runs/corpora/smollm2_t0_t1pass1",
@@ -164,6 +165,32 @@ def test_the_depth_chain_rotates_passes_by_its_own_legs(tmp_path):
     assert "runs/corpora/smollm2_t0_t1pass1" in calls[0].split()
 
 
+def test_a_grown_chain_counts_the_one_layer_legs_its_weights_hold(tmp_path):
+    """The depth chain's second leg as it happened: it grew from 1-layer legs 1-5 (pass 0
+    three times, pass 1 twice) and trained leg 1 on pass 2. Its own legs alone would send
+    it to pass 1, which its weights had seen twice (it lost 3.3% there); counting the
+    five trunk legs it holds, pass 2 is the least used. The 1-layer legs after its branch
+    point are not in its weights and do not count."""
+    _corpus(tmp_path / "corpora" / "smollm2_t0", range(72))
+    _corpus(tmp_path / "corpora" / "smollm2_t1_more", range(136))
+    one_layer = _LEGS_1_3 + ["runs/corpora/smollm2_t0_t1pass1"] * 2
+    _legs(tmp_path, one_layer + ["runs/corpora/smollm2_t0_t1pass2"] * 3)
+    keep = tmp_path / "experiments" / "flagship" / "k1_depth2"
+    keep.mkdir(parents=True)
+    (keep / "legs.jsonl").write_text(json.dumps(
+        {"leg": 1, "data": "runs/corpora/smollm2_t0_t1pass2", "trunk_legs": 5}) + "\n")
+    done, calls = _run(tmp_path, LAYERS="2")
+    assert done.returncode == 0, done.stderr
+    assert "leg 2 of experiments/flagship/k1_depth2" in done.stdout
+    assert "runs/corpora/smollm2_t0_t1pass2" in calls[0].split()
+    # before its first leg, every finished 1-layer leg is in the weights it starts from
+    _legs(tmp_path, [f"runs/corpora/smollm2_t0_t1pass{p}" for p in (0, 1, 2, 2)])
+    (tmp_path / "calls.txt").unlink()
+    done, calls = _run(tmp_path, K="4")
+    assert "leg 1 of experiments/flagship/k4" in done.stdout
+    assert "runs/corpora/smollm2_t0_t1pass1" in calls[0].split()
+
+
 def test_an_unknown_depth_is_refused(tmp_path):
     _corpus(tmp_path / "corpora" / "smollm2_t0", range(72))
     done, calls = _run(tmp_path, LAYERS="two")
@@ -179,8 +206,8 @@ def test_an_unknown_mixture_size_is_refused(tmp_path):
 
 
 def test_the_mixture_chain_pairs_with_the_one_layer_leg_on_the_newest_pass(tmp_path):
-    """K=4 is its own chain (experiments/flagship/k4): its first leg takes the newest
-    complete pass whatever the K = 1 legs used, like the depth run."""
+    """K=4 is its own chain (experiments/flagship/k4): its first leg takes the pass the
+    next K = 1 leg takes (here the newest, never used), like the depth run."""
     _corpus(tmp_path / "corpora" / "smollm2_t0", range(72))
     _corpus(tmp_path / "corpora" / "smollm2_t1_more", range(204))
     _legs(tmp_path, _LEGS_1_3 + ["runs/corpora/smollm2_t0_t1pass1",
@@ -228,7 +255,7 @@ def test_the_first_depth_leg_grows_a_pinned_copy_of_the_one_layer_export(tmp_pat
     assert leg == {"leg": 1, "init": "experiments/flagship/k1/drafter",
                    "init_copy": "runs/flagship/k1_depth2_leg1/init", "steps": 4000,
                    "data": "runs/corpora/x", "data_shards": 0, "seq_len": 384,
-                   "drafter_layers": 2, "k": 1, "prior_cpu_s": 4100}
+                   "drafter_layers": 2, "k": 1, "prior_cpu_s": 4100, "trunk_legs": 2}
     assert json.loads((work / "init" / "config.json").read_text()) == {"tag": "leg5"}
     train, finish = calls
     assert "--override=drafter_layers=2" in train.split()
@@ -243,13 +270,14 @@ def test_the_first_depth_leg_grows_a_pinned_copy_of_the_one_layer_export(tmp_pat
     assert "--max_steps=4000" in calls[-2].split()
     # the chain's second leg carries the first leg's base, not the shipped drafter's
     (tmp_path / "experiments" / "flagship" / "k1_depth2" / "legs.jsonl").write_text(
-        json.dumps({"leg": 1, "prior_cpu_s": 4100}) + "\n")
+        json.dumps({"leg": 1, "prior_cpu_s": 4100, "trunk_legs": 2}) + "\n")
     _drafter(tmp_path / "experiments" / "flagship" / "k1_depth2" / "drafter", "depth1")
     done, calls = _run_train(tmp_path, LAYERS="2", STEPS="9")
     assert done.returncode == 0, done.stderr
     leg2 = json.loads((tmp_path / "runs" / "flagship" / "k1_depth2_leg2" / "leg.json")
                       .read_text())
     assert leg2["prior_cpu_s"] == 4100 and leg2["init"] == "experiments/flagship/k1_depth2/drafter"
+    assert leg2["trunk_legs"] == 2
 
 
 def test_the_first_mixture_leg_starts_from_the_one_layer_export_with_the_dblast_recipe(

@@ -134,9 +134,11 @@ def main(argv) -> int:
               "data": leg.get("data", "corpora/smollm2_t1"),
               "data_shards": leg.get("data_shards", 68), "seq_len": leg.get("seq_len", 256),
               "drafter_layers": leg.get("drafter_layers", 1), "k": leg.get("k", 1),
-              # the chain's x-axis origin: read from its first leg only (chain_points)
-              **({"prior_cpu_s": leg["prior_cpu_s"]}
-                 if "prior_cpu_s" in leg and FLAGS.leg == 1 else {}),
+              # the chain's x-axis origin (chain_points) and, for a chain grown from the
+              # 1-layer K = 1 chain, how many of its legs it grew from (the pass rotation
+              # counts them): read from its first leg only
+              **{k: leg[k] for k in ("prior_cpu_s", "trunk_legs")
+                 if k in leg and FLAGS.leg == 1},
               "training_cpu_s": rows[-1]["cpu_s"],
               "start": {k: rows[0][k] for k in keep(rows[0])},
               "end": {k: rows[-1][k] for k in keep(rows[-1])},

@@ -60,15 +60,17 @@ INIT=pretrained/smollm2-135m-instruct/smollm2-dflash-k1
 [ "$NAME" != k1 ] && INIT=experiments/flagship/k1/drafter  # grown in depth or into a mixture
 [ -f $KEEP/drafter/config.json ] && INIT=$KEEP/drafter
 PRIOR_CPU_S=2100  # training CPU-s of the chain's starting drafter (the shipped K = 1) ...
+TRUNK_LEGS=0  # ... and how many 1-layer K = 1 legs it holds (a grown chain's branch point)
 if [ $LEG != 1 ]; then  # a later leg: what the chain's first leg recorded
-  PRIOR_CPU_S=$(python -c "
+  read PRIOR_CPU_S TRUNK_LEGS < <(python -c "
 import json
-print(round(json.loads(open('$KEEP/legs.jsonl').readline()).get('prior_cpu_s', 2100)))")
+first = json.loads(open('$KEEP/legs.jsonl').readline())
+print(round(first.get('prior_cpu_s', 2100)), first.get('trunk_legs', 0))")
 elif [ "$NAME" != k1 ]; then  # ... + every 1-layer leg a grown chain started from
-  PRIOR_CPU_S=$(python -c "
+  read PRIOR_CPU_S TRUNK_LEGS < <(python -c "
 import json, os
 rows = [json.loads(l) for l in open('experiments/flagship/k1/legs.jsonl')] if os.path.exists('experiments/flagship/k1/legs.jsonl') else []
-print(round(2100 + sum(r['training_cpu_s'] for r in rows)))")
+print(round(2100 + sum(r['training_cpu_s'] for r in rows)), len(rows))")
 fi
 mkdir -p $WORK  # the leg's settings, fixed at its start so that a resume keeps them
 if [ ! -f $WORK/leg.json ]; then
@@ -76,9 +78,9 @@ if [ ! -f $WORK/leg.json ]; then
       "is missing (the $NAME run grows the 1-layer chain's export: run a 1-layer leg first)" >&2
       exit 1; }
   rm -rf $WORK/init && cp -r $INIT $WORK/init.partial && mv $WORK/init.partial $WORK/init
-  printf '{"leg": %d, "init": "%s", "init_copy": "%s", "steps": %d, "data": "%s", "data_shards": %d, "seq_len": %d, "drafter_layers": %d, "k": %d, "prior_cpu_s": %d}\n' \
+  printf '{"leg": %d, "init": "%s", "init_copy": "%s", "steps": %d, "data": "%s", "data_shards": %d, "seq_len": %d, "drafter_layers": %d, "k": %d, "prior_cpu_s": %d, "trunk_legs": %d}\n' \
       $LEG "$INIT" "$WORK/init" ${STEPS:-3000} "${DATA:-corpora/smollm2_t1}" ${DATA_SHARDS:-68} \
-      ${SEQ_LEN:-256} $LAYERS $K $PRIOR_CPU_S > $WORK/leg.json
+      ${SEQ_LEN:-256} $LAYERS $K $PRIOR_CPU_S $TRUNK_LEGS > $WORK/leg.json
 fi
 leg() { python -c "import json; print(json.load(open('$WORK/leg.json')).get('$1', '${2-}'))"; }
 STEPS=$(leg steps) INIT=$(leg init_copy "$(leg init)") DATA=$(leg data corpora/smollm2_t1)

@@ -32,7 +32,8 @@
 # data. The merged folders are named by what they hold (smollm2_t0_t1pass1, ...).
 #
 # LAYERS=2 (or 3) runs the depth chain's next leg instead (train_k1.sh says how it starts);
-# it rotates passes by its own legs, so its first leg takes the newest complete pass. Start
+# it rotates passes by its own legs plus the 1-layer legs it grew from, so its first leg
+# takes the pass the 1-layer leg it pairs with takes (when started before that leg ends). Start
 # it once the 1-layer leg on the same pass has begun training: both read one feature cache
 # (runs/flagship/features), and a training process uses about one of the two cores.
 # K=4 runs the mixture chain's next leg the same way (experiments/flagship/k4: DBlast's
@@ -88,14 +89,21 @@ PASSES=$(echo "0 corpora/smollm2_t1:0:68"
   done)
 # the least used complete sampled pass, the newest on a tie; a finished leg's corpus names
 # its pass (..._t1passP); legs on the original corpora (smollm2_t1, smollm2_t1_t0) used
-# pass 0 and legs on every pass merged (..._moreN) used passes 0 .. N
+# pass 0 and legs on every pass merged (..._moreN) used passes 0 .. N. A chain grown from
+# the 1-layer K = 1 chain (depth, mixture) counts the 1-layer legs its weights hold too:
+# those its first leg recorded (trunk_legs), or, before its first leg, every finished one.
+# Its depth leg 2 took a pass its trunk had used twice, and lost 3.3% (research log 13).
 PASS=$(PASSES="$PASSES" python -c "
 import json, os, re
 passes = [int(line.split()[0]) for line in os.environ['PASSES'].splitlines()]
 used = dict.fromkeys(passes, 0)
-legs = '$KEEP/legs.jsonl'
-for line in open(legs) if os.path.exists(legs) else []:
-    data = json.loads(line).get('data', 'corpora/smollm2_t1')
+read = lambda path: [json.loads(l) for l in open(path)] if os.path.exists(path) else []
+rows = read('$KEEP/legs.jsonl')
+if '$KEEP' != 'experiments/flagship/k1':
+    trunk = read('experiments/flagship/k1/legs.jsonl')
+    rows += trunk[:rows[0].get('trunk_legs', 0)] if rows else trunk
+for row in rows:
+    data = row.get('data', 'corpora/smollm2_t1')
     one, every = re.search(r't1pass(\d+)$', data), re.search(r'_more(\d+)$', data)
     for p in [int(one.group(1))] if one else range(1 + int(every.group(1)) if every else 1):
         if p in used:
