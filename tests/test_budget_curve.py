@@ -57,7 +57,8 @@ def test_curve_in_segments_resumes_and_plots(tmp_path):
     # a flagship leg (experiments/flagship/train_k1.sh) is recorded only once it finished
     keep = tmp_path / "keep"
     (wd / "leg.json").write_text(json.dumps({"leg": 1, "init": "random", "steps": 6,
-                                             "trunk_legs": 3}))
+                                             "trunk_legs": 3, "schedule_steps": 50000,
+                                             "schedule_offset": 26000}))
     finish = [sys.executable, FINISH_LEG, f"--leg_dir={wd}", f"--keep={keep}", "--leg=1"]
     early = subprocess.run(finish, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert early.returncode == 1 and "trained 2 of 6 steps" in early.stderr
@@ -77,6 +78,7 @@ def test_curve_in_segments_resumes_and_plots(tmp_path):
     # a leg.json without a depth is a 1-layer leg of a chain that started from nothing
     assert legs[0]["drafter_layers"] == 1 and "prior_cpu_s" not in legs[0]
     assert legs[0]["trunk_legs"] == 3  # the 1-layer legs a grown chain's pass rotation counts
+    assert (legs[0]["schedule_steps"], legs[0]["schedule_offset"]) == (50000, 26000)
     assert "already recorded" in done.stdout
     assert (keep / "drafter" / "config.json").is_file()  # the next leg's starting point
     assert (keep / "curve_leg1.jsonl").read_text() == (wd / "budget_curve.jsonl").read_text()

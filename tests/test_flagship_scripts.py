@@ -246,7 +246,8 @@ def _drafter(folder, tag):
 def test_the_first_depth_leg_grows_a_pinned_copy_of_the_one_layer_export(tmp_path):
     _drafter(tmp_path / "experiments" / "flagship" / "k1" / "drafter", "leg5")
     (tmp_path / "experiments" / "flagship" / "k1" / "legs.jsonl").write_text(
-        "".join(json.dumps({"leg": i, "training_cpu_s": 1000.0}) + "\n" for i in (1, 2)))
+        "".join(json.dumps({"leg": i, "training_cpu_s": 1000.0, "steps": 1500 * i}) + "\n"
+                for i in (1, 2)))
     done, calls = _run_train(tmp_path, LAYERS="2", STEPS="4000", DATA="runs/corpora/x",
                              DATA_SHARDS="0", SEQ_LEN="384")
     assert done.returncode == 0, done.stderr
@@ -255,13 +256,17 @@ def test_the_first_depth_leg_grows_a_pinned_copy_of_the_one_layer_export(tmp_pat
     assert leg == {"leg": 1, "init": "experiments/flagship/k1/drafter",
                    "init_copy": "runs/flagship/k1_depth2_leg1/init", "steps": 4000,
                    "data": "runs/corpora/x", "data_shards": 0, "seq_len": 384,
-                   "drafter_layers": 2, "k": 1, "prior_cpu_s": 4100, "trunk_legs": 2}
+                   "drafter_layers": 2, "k": 1, "prior_cpu_s": 4100, "trunk_legs": 2,
+                   # the chain's one cosine, at the shipped 2,000 + the trunk's 4,500 steps
+                   "schedule_steps": 50000, "schedule_offset": 6500}
     assert json.loads((work / "init" / "config.json").read_text()) == {"tag": "leg5"}
     train, finish = calls
     assert "--override=drafter_layers=2" in train.split()
     assert "--experiment=smollm2_k1_al" in train.split()
     assert "--override=drafter_init=drafter:runs/flagship/k1_depth2_leg1/init" in train.split()
     assert "--workdir=runs/flagship/k1_depth2_leg1" in train.split()
+    assert {"--override=schedule_steps=50000", "--override=schedule_offset=6500"} <= set(
+        train.split())
     assert "--keep=experiments/flagship/k1_depth2" in finish.split()
     # the 1-layer chain finishes a leg meanwhile; the resumed depth leg keeps its copy
     _drafter(tmp_path / "experiments" / "flagship" / "k1" / "drafter", "leg6")
@@ -270,7 +275,7 @@ def test_the_first_depth_leg_grows_a_pinned_copy_of_the_one_layer_export(tmp_pat
     assert "--max_steps=4000" in calls[-2].split()
     # the chain's second leg carries the first leg's base, not the shipped drafter's
     (tmp_path / "experiments" / "flagship" / "k1_depth2" / "legs.jsonl").write_text(
-        json.dumps({"leg": 1, "prior_cpu_s": 4100, "trunk_legs": 2}) + "\n")
+        json.dumps({"leg": 1, "prior_cpu_s": 4100, "trunk_legs": 2, "steps": 4000}) + "\n")
     _drafter(tmp_path / "experiments" / "flagship" / "k1_depth2" / "drafter", "depth1")
     done, calls = _run_train(tmp_path, LAYERS="2", STEPS="9")
     assert done.returncode == 0, done.stderr
@@ -278,13 +283,16 @@ def test_the_first_depth_leg_grows_a_pinned_copy_of_the_one_layer_export(tmp_pat
                       .read_text())
     assert leg2["prior_cpu_s"] == 4100 and leg2["init"] == "experiments/flagship/k1_depth2/drafter"
     assert leg2["trunk_legs"] == 2
+    # ... and goes on along the cosine: the trunk's legs it holds + its own leg 1
+    assert leg2["schedule_offset"] == 2000 + 4500 + 4000
 
 
 def test_the_first_mixture_leg_starts_from_the_one_layer_export_with_the_dblast_recipe(
         tmp_path):
     _drafter(tmp_path / "experiments" / "flagship" / "k1" / "drafter", "leg6")
     (tmp_path / "experiments" / "flagship" / "k1" / "legs.jsonl").write_text(
-        "".join(json.dumps({"leg": i, "training_cpu_s": 1000.0}) + "\n" for i in (1, 2, 3)))
+        "".join(json.dumps({"leg": i, "training_cpu_s": 1000.0, "steps": 3000}) + "\n"
+                for i in (1, 2, 3)))
     done, calls = _run_train(tmp_path, K="4", STEPS="3000", DATA="runs/corpora/p3",
                              DATA_SHARDS="0", SEQ_LEN="384")
     assert done.returncode == 0, done.stderr
@@ -301,27 +309,67 @@ def test_the_first_mixture_leg_starts_from_the_one_layer_export_with_the_dblast_
     assert "--reference=experiments/flagship/k1" in finish.split()
     # its second leg continues its own export
     (tmp_path / "experiments" / "flagship" / "k4" / "legs.jsonl").write_text(
-        json.dumps({"leg": 1, "prior_cpu_s": 5100}) + "\n")
+        json.dumps({"leg": 1, "prior_cpu_s": 5100, "trunk_legs": 3, "steps": 1000}) + "\n")
     _drafter(tmp_path / "experiments" / "flagship" / "k4" / "drafter", "k4leg1")
     done, calls = _run_train(tmp_path, K="4", STEPS="9")
     leg2 = json.loads((tmp_path / "runs" / "flagship" / "k4_leg2" / "leg.json").read_text())
     assert leg2["init"] == "experiments/flagship/k4/drafter" and leg2["prior_cpu_s"] == 5100
+    assert leg2["schedule_offset"] == 2000 + 9000 + 1000
 
 
 def test_the_one_layer_chain_keeps_its_names_and_starts_from_its_own_export(tmp_path):
     _drafter(tmp_path / "experiments" / "flagship" / "k1" / "drafter", "leg5")
     (tmp_path / "experiments" / "flagship" / "k1" / "legs.jsonl").write_text(
-        "".join(json.dumps({"leg": i}) + "\n" for i in range(1, 6)))
+        "".join(json.dumps({"leg": i, "steps": 1000}) + "\n" for i in range(1, 6)))
     done, calls = _run_train(tmp_path)
     assert done.returncode == 0, done.stderr
     leg = json.loads((tmp_path / "runs" / "flagship" / "k1_leg6" / "leg.json").read_text())
     assert leg["init"] == "experiments/flagship/k1/drafter" and leg["drafter_layers"] == 1
     assert leg["prior_cpu_s"] == 2100 and leg["k"] == 1
+    assert (leg["schedule_steps"], leg["schedule_offset"]) == (50000, 7000)
     train, finish = calls
     assert "--override=drafter_layers=1" in train.split()
     assert "--experiment=smollm2_k1_al" in train.split()
     assert "--keep=experiments/flagship/k1" in finish.split()
     assert not any(a.startswith("--reference") for a in finish.split())
+
+
+def test_a_leg_started_before_the_chain_schedule_resumes_on_its_own_restart(tmp_path):
+    """A leg.json without the schedule fields (written before them) keeps the warm restart
+    it began with: a resumed leg never changes its learning rate mid-way."""
+    _drafter(tmp_path / "experiments" / "flagship" / "k1" / "drafter", "leg7")
+    work = tmp_path / "runs" / "flagship" / "k1_leg1"
+    work.mkdir(parents=True)
+    (work / "leg.json").write_text(json.dumps({"leg": 1, "init": "x", "steps": 3000}))
+    done, calls = _run_train(tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert {"--override=schedule_steps=0", "--override=schedule_offset=0",
+            "--max_steps=3000"} <= set(calls[0].split())
+
+
+def test_a_leg_past_the_chain_schedule_is_refused_with_nothing_written(tmp_path):
+    _drafter(tmp_path / "experiments" / "flagship" / "k1" / "drafter", "leg7")
+    (tmp_path / "experiments" / "flagship" / "k1" / "legs.jsonl").write_text(
+        json.dumps({"leg": 1, "steps": 47000}) + "\n")
+    done, calls = _run_train(tmp_path, STEPS="3000")
+    assert done.returncode == 1 and calls == []
+    assert "steps 49000 .. 52000" in done.stderr and "CHAIN_STEPS=50000" in done.stderr
+    assert not (tmp_path / "runs" / "flagship" / "k1_leg2" / "leg.json").exists()
+    done, calls = _run_train(tmp_path, STEPS="3000", CHAIN_STEPS="80000")
+    assert done.returncode == 0, done.stderr
+    assert "--override=schedule_steps=80000" in calls[0].split()
+
+
+def test_a_corrupt_legs_file_is_named_with_its_line_and_nothing_starts(tmp_path):
+    _drafter(tmp_path / "experiments" / "flagship" / "k1" / "drafter", "leg7")
+    _drafter(tmp_path / "experiments" / "flagship" / "k4" / "drafter", "k4leg1")
+    (tmp_path / "experiments" / "flagship" / "k4" / "legs.jsonl").write_text(
+        json.dumps({"leg": 1, "prior_cpu_s": 5100, "steps": 1000}) + "\n{\"leg\": 2, \"st\n")
+    done, calls = _run_train(tmp_path, K="4")
+    assert done.returncode == 1 and calls == []
+    assert "experiments/flagship/k4/legs.jsonl line 2 is not a JSON row" in done.stderr
+    assert "git checkout" in done.stderr
+    assert not (tmp_path / "runs" / "flagship" / "k4_leg3").exists()
 
 
 @functools.lru_cache(maxsize=None)

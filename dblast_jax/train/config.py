@@ -89,6 +89,13 @@ class TrainConfig:
     learning_rate: float = 6e-4
     warmup_fraction: float = 0.04
     end_lr_fraction: float = 0.0  # cosine decays to learning_rate * this
+    # One cosine over a run made of several runs (a chain of legs, each from the last one's
+    # export): > 0 is the whole schedule's length in steps, schedule_offset the steps of it
+    # that earlier runs took. This run warms up (warmup_fraction of its own steps) to the
+    # rate the long cosine has reached at schedule_offset and follows it from there, instead
+    # of restarting the cosine at learning_rate. 0: the cosine spans this run alone.
+    schedule_steps: int = 0
+    schedule_offset: int = 0
     weight_decay: float = 0.01  # on matrices only (norm scales, biases, mask embedding: no)
     adam_b1: float = 0.9
     adam_b2: float = 0.95
@@ -184,6 +191,16 @@ class TrainConfig:
             problems.append(f"learning_rate must be > 0, got {self.learning_rate}")
         if not 0 <= self.warmup_fraction < 1:
             problems.append(f"warmup_fraction must be in [0, 1), got {self.warmup_fraction}")
+        if self.schedule_steps < 0 or self.schedule_offset < 0:
+            problems.append("schedule_steps and schedule_offset must be >= 0, got "
+                            f"{self.schedule_steps} and {self.schedule_offset}")
+        elif self.schedule_offset and not self.schedule_steps:
+            problems.append(f"schedule_offset={self.schedule_offset} needs schedule_steps "
+                            "(the length of the schedule it is an offset into)")
+        elif self.schedule_steps and self.schedule_offset + self.num_steps > self.schedule_steps:
+            problems.append(f"this run's steps {self.schedule_offset} .. "
+                            f"{self.schedule_offset + self.num_steps} end past the schedule's "
+                            f"{self.schedule_steps} steps: raise schedule_steps")
         problems.extend(self._validation_problems())
         if len(self.mesh) != 3:
             problems.append(f"mesh must be (data, fsdp, tensor), got {self.mesh}")

@@ -52,8 +52,23 @@ class TrainState:
 # ---- optimiser ------------------------------------------------------------------------------
 
 def lr_schedule(config: TrainConfig) -> optax.Schedule:
-    """Linear warmup 0 -> lr over warmup_fraction of the run, cosine to lr * end_lr_fraction."""
+    """Linear warmup 0 -> lr over warmup_fraction of the run, cosine to lr * end_lr_fraction.
+
+    With schedule_steps > 0 the cosine spans a chain of runs: this run's step t sits at
+    step schedule_offset + t of one cosine of schedule_steps steps, and its warmup ramps to
+    that cosine's rate, so a chain of legs anneals once instead of restarting at the peak.
+    """
     lr, warm = config.learning_rate, config.warmup_steps
+    if config.schedule_steps > 0:
+        long_cosine = optax.cosine_decay_schedule(lr, config.schedule_steps,
+                                                  alpha=config.end_lr_fraction)
+        offset = config.schedule_offset
+
+        def chained(step):
+            ramp = jnp.minimum(1.0, step / warm) if warm > 0 else 1.0  # as optax's warmup
+            return ramp * long_cosine(offset + step)
+
+        return chained
     decay = max(config.num_steps - warm, 1)
     cosine = optax.cosine_decay_schedule(lr, decay, alpha=config.end_lr_fraction)
     if warm <= 0:

@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# The K = 1 flagship (issue 29): one long run made of legs, each a complete warmup + cosine
-# schedule of STEPS steps (warm restarts) that starts from where the previous leg ended, so
-# that the run goes on across working days although runs/ does not survive between them.
+# The K = 1 flagship (issue 29): one long run made of legs of STEPS steps, each starting
+# from where the previous leg ended, so that the run goes on across working days although
+# runs/ does not survive between them. The legs follow ONE cosine of CHAIN_STEPS steps
+# (default 50,000, peak LR): a leg warms up (3% of its steps; its Adam moments start
+# afresh) to the rate that cosine has reached at the chain's step and follows it from
+# there, so the chain anneals once. Legs 1-7 of the 1-layer chain (and the depth / mixture
+# legs started before it) each restarted a whole warmup + cosine at the peak instead, and
+# lost the first half of each leg to it (research log sections 14 and 16).
 #
 # Recipe: that of the shipped K = 1 drafter (five taps, one drafter layer, NLL + AL + top-64
 # distillation, the sampled training head of 4,096 frequent + 1,024 sampled tokens, batch
@@ -61,30 +66,59 @@ INIT=pretrained/smollm2-135m-instruct/smollm2-dflash-k1
 [ -f $KEEP/drafter/config.json ] && INIT=$KEEP/drafter
 PRIOR_CPU_S=2100  # training CPU-s of the chain's starting drafter (the shipped K = 1) ...
 TRUNK_LEGS=0  # ... and how many 1-layer K = 1 legs it holds (a grown chain's branch point)
+# rows of a chain's legs.jsonl, or a clear error naming the file and line it cannot read
+LEG_ROWS="
+import json, os, sys
+def rows(path):
+    if not os.path.exists(path):
+        return []
+    out = []
+    for n, line in enumerate(open(path), 1):
+        try:
+            out.append(json.loads(line))
+        except ValueError as e:
+            sys.exit(f'{path} line {n} is not a JSON row ({e}): restore it from git '
+                     f'(git checkout -- {path}) before the next leg')
+    return out
+"
 if [ $LEG != 1 ]; then  # a later leg: what the chain's first leg recorded
-  read PRIOR_CPU_S TRUNK_LEGS < <(python -c "
-import json
-first = json.loads(open('$KEEP/legs.jsonl').readline())
-print(round(first.get('prior_cpu_s', 2100)), first.get('trunk_legs', 0))")
+  FIRST=$(python -c "$LEG_ROWS
+first = rows('$KEEP/legs.jsonl')[0]
+print(round(first.get('prior_cpu_s', 2100)), first.get('trunk_legs', 0))") || exit 1
+  read PRIOR_CPU_S TRUNK_LEGS <<< "$FIRST"
 elif [ "$NAME" != k1 ]; then  # ... + every 1-layer leg a grown chain started from
-  read PRIOR_CPU_S TRUNK_LEGS < <(python -c "
-import json, os
-rows = [json.loads(l) for l in open('experiments/flagship/k1/legs.jsonl')] if os.path.exists('experiments/flagship/k1/legs.jsonl') else []
-print(round(2100 + sum(r['training_cpu_s'] for r in rows)), len(rows))")
+  FIRST=$(python -c "$LEG_ROWS
+trunk = rows('experiments/flagship/k1/legs.jsonl')
+print(round(2100 + sum(r['training_cpu_s'] for r in trunk)), len(trunk))") || exit 1
+  read PRIOR_CPU_S TRUNK_LEGS <<< "$FIRST"
 fi
+CHAIN_STEPS=${CHAIN_STEPS:-50000}  # the length of the chain's one cosine
+# the chain's step at this leg's start: the shipped K = 1's 2,000 + the 1-layer legs a
+# grown chain holds + the chain's own finished legs
+CHAIN_AT=$(python -c "$LEG_ROWS
+trunk = rows('experiments/flagship/k1/legs.jsonl')[:$TRUNK_LEGS] if '$NAME' != 'k1' else []
+print(2000 + sum(r['steps'] for r in trunk + rows('$KEEP/legs.jsonl')))") || exit 1
 mkdir -p $WORK  # the leg's settings, fixed at its start so that a resume keeps them
 if [ ! -f $WORK/leg.json ]; then
   [ -f $INIT/config.json ] || { echo "no drafter to start leg $LEG of $KEEP from: $INIT/config.json" \
       "is missing (the $NAME run grows the 1-layer chain's export: run a 1-layer leg first)" >&2
       exit 1; }
   rm -rf $WORK/init && cp -r $INIT $WORK/init.partial && mv $WORK/init.partial $WORK/init
-  printf '{"leg": %d, "init": "%s", "init_copy": "%s", "steps": %d, "data": "%s", "data_shards": %d, "seq_len": %d, "drafter_layers": %d, "k": %d, "prior_cpu_s": %d, "trunk_legs": %d}\n' \
+  if [ $(( CHAIN_AT + ${STEPS:-3000} )) -gt $CHAIN_STEPS ]; then
+    echo "leg $LEG of $KEEP would run steps $CHAIN_AT .. $(( CHAIN_AT + ${STEPS:-3000} )) of a" \
+      "chain schedule of CHAIN_STEPS=$CHAIN_STEPS: raise CHAIN_STEPS or shorten STEPS" >&2
+    exit 1
+  fi
+  printf '{"leg": %d, "init": "%s", "init_copy": "%s", "steps": %d, "data": "%s", "data_shards": %d, "seq_len": %d, "drafter_layers": %d, "k": %d, "prior_cpu_s": %d, "trunk_legs": %d, "schedule_steps": %d, "schedule_offset": %d}\n' \
       $LEG "$INIT" "$WORK/init" ${STEPS:-3000} "${DATA:-corpora/smollm2_t1}" ${DATA_SHARDS:-68} \
-      ${SEQ_LEN:-256} $LAYERS $K $PRIOR_CPU_S $TRUNK_LEGS > $WORK/leg.json
+      ${SEQ_LEN:-256} $LAYERS $K $PRIOR_CPU_S $TRUNK_LEGS $CHAIN_STEPS $CHAIN_AT > $WORK/leg.json
 fi
 leg() { python -c "import json; print(json.load(open('$WORK/leg.json')).get('$1', '${2-}'))"; }
 STEPS=$(leg steps) INIT=$(leg init_copy "$(leg init)") DATA=$(leg data corpora/smollm2_t1)
 DATA_SHARDS=$(leg data_shards 68) SEQ_LEN=$(leg seq_len 256) LAYERS=$(leg drafter_layers 1)
+# the chain's cosine (legs started before it: 0, their own warm restart)
+SCHEDULE=(--override=schedule_steps=$(leg schedule_steps 0)
+          --override=schedule_offset=$(leg schedule_offset 0))
 nice -n 10 python experiments/budget/budget_curve.py --experiment=$EXPERIMENT \
   --workdir=$WORK --max_steps=$STEPS --segment_steps=${SEGMENT:-500} \
   --checkpoint_every=250 --budget_cpu_s=1e9 --validation_batches=8 \
@@ -94,7 +128,7 @@ nice -n 10 python experiments/budget/budget_curve.py --experiment=$EXPERIMENT \
   --override=keep_checkpoints=2 --override=feature_cache=runs/flagship/features \
   --override=target_layer_ids=1,7,14,20,27 --override=drafter_layers=$LAYERS \
   --override=train_head_tokens=4096 --override=train_head_sampled=1024 \
-  --override=distill_weight=1.0 --override=drafter_init=drafter:$INIT \
+  --override=distill_weight=1.0 --override=drafter_init=drafter:$INIT "${SCHEDULE[@]}" \
   "$@" >> $WORK.log 2>&1 || { echo "leg $LEG stopped; see $WORK.log" >&2; exit 1; }
 REFERENCE=()  # a grown chain's learning curve shows the 1-layer K = 1 run beside it
 [ "$NAME" != k1 ] && REFERENCE=(--reference=experiments/flagship/k1)
