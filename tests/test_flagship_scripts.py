@@ -114,12 +114,18 @@ _LEGS_1_7 = _LEGS_1_3 + [f"runs/corpora/smollm2_t0_t1pass{p}" for p in (1, 1, 2,
 
 @pytest.mark.parametrize("seed2, legs, sampled, data", [
     # a second sampling seed's folder adds passes 4-6 as its 68-shard passes finish
-    (67, _LEGS_1_7, "corpora/smollm2_t1_more:136:204", "runs/corpora/smollm2_t0_t1pass3"),
+    # (passes 2 and 3 once each: pass 2, used longer ago)
+    (67, _LEGS_1_7, "corpora/smollm2_t1_more:68:136", "runs/corpora/smollm2_t0_t1pass2"),
     (68, _LEGS_1_7, "corpora/smollm2_t1_more_seed2:0:68", "runs/corpora/smollm2_t0_t1pass4"),
     (204, _LEGS_1_7, "corpora/smollm2_t1_more_seed2:136:204",
      "runs/corpora/smollm2_t0_t1pass6"),
     (204, _LEGS_1_7 + ["runs/corpora/smollm2_t0_t1pass6"],
      "corpora/smollm2_t1_more_seed2:68:136", "runs/corpora/smollm2_t0_t1pass5"),
+    # passes 2-4 once each: the one used longest ago, not the newest (just trained on)
+    (68, _LEGS_1_7 + ["runs/corpora/smollm2_t0_t1pass4"],
+     "corpora/smollm2_t1_more:68:136", "runs/corpora/smollm2_t0_t1pass2"),
+    (68, _LEGS_1_7 + ["runs/corpora/smollm2_t0_t1pass4", "runs/corpora/smollm2_t0_t1pass2"],
+     "corpora/smollm2_t1_more:136:204", "runs/corpora/smollm2_t0_t1pass3"),
 ])
 def test_a_second_sampling_seed_adds_passes_four_to_six(tmp_path, seed2, legs, sampled, data):
     _corpus(tmp_path / "corpora" / "smollm2_t0", range(72))
@@ -145,17 +151,21 @@ def test_a_started_leg_resumes_on_its_own_corpus_without_merging(tmp_path):
 
 def test_the_depth_chain_is_its_own_chain_and_pairs_with_the_one_layer_leg(tmp_path):
     """LAYERS=2 is its own chain: its first leg takes the pass the next 1-layer leg takes
-    (the one-layer legs' least used), so the two are paired on the same answers; later
-    legs count its own legs (and the 1-layer legs its first leg recorded: none here)."""
+    (the one-layer legs' least used, then the one used longest ago), so the two are paired
+    on the same answers; later legs count its own legs (and the 1-layer legs its first leg
+    recorded: none here)."""
     _corpus(tmp_path / "corpora" / "smollm2_t0", range(72))
     _corpus(tmp_path / "corpora" / "smollm2_t1_more", range(136))
     _legs(tmp_path, _LEGS_1_3 + ["runs/corpora/smollm2_t0_t1pass1",
                                  "runs/corpora/smollm2_t0_t1pass2"])
+    done, calls = _run(tmp_path)
+    assert "runs/corpora/smollm2_t0_t1pass1" in calls[0].split()  # the next 1-layer leg's
+    (tmp_path / "calls.txt").unlink()
     done, calls = _run(tmp_path, LAYERS="2")
     assert done.returncode == 0, done.stderr
     assert "leg 1 of experiments/flagship/k1_depth2" in done.stdout
     merge, train = calls
-    assert "runs/corpora/smollm2_t0_t1pass2" in merge.split()
+    assert "runs/corpora/smollm2_t0_t1pass1" in merge.split()
     assert " LAYERS=2 " in train
     # its second leg: pass 2 used once by it, pass 1 never: pass 1
     _legs(tmp_path, ["runs/corpora/smollm2_t0_t1pass2"], chain="k1_depth2")
@@ -188,7 +198,7 @@ def test_a_grown_chain_counts_the_one_layer_legs_its_weights_hold(tmp_path):
     (tmp_path / "calls.txt").unlink()
     done, calls = _run(tmp_path, K="4")
     assert "leg 1 of experiments/flagship/k4" in done.stdout
-    assert "runs/corpora/smollm2_t0_t1pass1" in calls[0].split()
+    assert "runs/corpora/smollm2_t0_t1pass0" in calls[0].split()  # once, longest ago
 
 
 def test_an_unknown_depth_is_refused(tmp_path):

@@ -5,8 +5,9 @@
 # shards of corpora/smollm2_t1, passes 1-3 the shards 68(p-1) .. 68p-1 of
 # corpora/smollm2_t1_more, passes 4-6 those of corpora/smollm2_t1_more_seed2, and so on
 # (grow_sampled_corpus.sh, SEED=1, 2, ...). The leg takes the complete pass the
-# finished legs (experiments/flagship/k1/legs.jsonl) used least, the newest on a tie, so
-# that every leg trains on the answers the drafter has seen least. Records whose prompt
+# finished legs (experiments/flagship/k1/legs.jsonl) used least (on a tie: the newest of
+# those never used, else the one used longest ago), so that every leg trains on the
+# answers the drafter has seen least, and least recently. Records whose prompt
 # repeats a held-out prompt are left out. The held-out shards at T_v = 1.5 and greedy
 # agreement on the greedy held-out answers are scored beside the main held-out set
 # (T_v = 1.0) at every segment.
@@ -87,7 +88,9 @@ PASSES=$(echo "0 corpora/smollm2_t1:0:68"
       fi
     done
   done)
-# the least used complete sampled pass, the newest on a tie; a finished leg's corpus names
+# the least used complete sampled pass; on a tie the one used longest ago, and among passes
+# never used the newest (after leg 8 on pass 4, passes 2-4 had one leg each, and "the
+# newest on a tie" would have given pass 4 again at once); a finished leg's corpus names
 # its pass (..._t1passP); legs on the original corpora (smollm2_t1, smollm2_t1_t0) used
 # pass 0 and legs on every pass merged (..._moreN) used passes 0 .. N. A chain grown from
 # the 1-layer K = 1 chain (depth, mixture) counts the 1-layer legs its weights hold too:
@@ -98,17 +101,19 @@ import json, os, re
 passes = [int(line.split()[0]) for line in os.environ['PASSES'].splitlines()]
 used = dict.fromkeys(passes, 0)
 read = lambda path: [json.loads(l) for l in open(path)] if os.path.exists(path) else []
+last = dict.fromkeys(passes, -1)  # the index of the last leg that used each pass
 rows = read('$KEEP/legs.jsonl')
-if '$KEEP' != 'experiments/flagship/k1':
+if '$KEEP' != 'experiments/flagship/k1':  # the trunk's legs came first
     trunk = read('experiments/flagship/k1/legs.jsonl')
-    rows += trunk[:rows[0].get('trunk_legs', 0)] if rows else trunk
-for row in rows:
+    rows = (trunk[:rows[0].get('trunk_legs', 0)] if rows else trunk) + rows
+for i, row in enumerate(rows):
     data = row.get('data', 'corpora/smollm2_t1')
     one, every = re.search(r't1pass(\d+)$', data), re.search(r'_more(\d+)$', data)
     for p in [int(one.group(1))] if one else range(1 + int(every.group(1)) if every else 1):
         if p in used:
             used[p] += 1
-print(min(passes, key=lambda p: (used[p], -p)))")
+            last[p] = i
+print(min(passes, key=lambda p: (used[p], last[p], -p)))")
 SAMPLED=$(echo "$PASSES" | awk -v p=$PASS '$1 == p {print $2}')
 DATA=runs/corpora/smollm2_t0_t1pass$PASS
 echo "leg $LEG of $KEEP: merging $GREEDY:0:68 $SAMPLED into $DATA"
