@@ -364,7 +364,7 @@ def test_a_leg_past_the_chain_schedule_is_refused_with_nothing_written(tmp_path)
     done, calls = _run_train(tmp_path, STEPS="3000")
     assert done.returncode == 1 and calls == []
     assert "steps 49000 .. 52000" in done.stderr and "CHAIN_STEPS=50000" in done.stderr
-    assert not (tmp_path / "runs" / "flagship" / "k1_leg2" / "leg.json").exists()
+    assert not (tmp_path / "runs" / "flagship" / "k1_leg2").exists()
     done, calls = _run_train(tmp_path, STEPS="3000", CHAIN_STEPS="80000")
     assert done.returncode == 0, done.stderr
     assert "--override=schedule_steps=80000" in calls[0].split()

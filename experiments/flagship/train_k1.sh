@@ -98,17 +98,17 @@ CHAIN_STEPS=${CHAIN_STEPS:-50000}  # the length of the chain's one cosine
 CHAIN_AT=$(python -c "$LEG_ROWS
 trunk = rows('experiments/flagship/k1/legs.jsonl')[:$TRUNK_LEGS] if '$NAME' != 'k1' else []
 print(2000 + sum(r['steps'] for r in trunk + rows('$KEEP/legs.jsonl')))") || exit 1
+if [ ! -f $WORK/leg.json ] && [ $(( CHAIN_AT + ${STEPS:-3000} )) -gt $CHAIN_STEPS ]; then
+  echo "leg $LEG of $KEEP would run steps $CHAIN_AT .. $(( CHAIN_AT + ${STEPS:-3000} )) of a" \
+    "chain schedule of CHAIN_STEPS=$CHAIN_STEPS: raise CHAIN_STEPS or shorten STEPS" >&2
+  exit 1  # before anything of the leg is written
+fi
 mkdir -p $WORK  # the leg's settings, fixed at its start so that a resume keeps them
 if [ ! -f $WORK/leg.json ]; then
   [ -f $INIT/config.json ] || { echo "no drafter to start leg $LEG of $KEEP from: $INIT/config.json" \
       "is missing (the $NAME run grows the 1-layer chain's export: run a 1-layer leg first)" >&2
       exit 1; }
   rm -rf $WORK/init && cp -r $INIT $WORK/init.partial && mv $WORK/init.partial $WORK/init
-  if [ $(( CHAIN_AT + ${STEPS:-3000} )) -gt $CHAIN_STEPS ]; then
-    echo "leg $LEG of $KEEP would run steps $CHAIN_AT .. $(( CHAIN_AT + ${STEPS:-3000} )) of a" \
-      "chain schedule of CHAIN_STEPS=$CHAIN_STEPS: raise CHAIN_STEPS or shorten STEPS" >&2
-    exit 1
-  fi
   printf '{"leg": %d, "init": "%s", "init_copy": "%s", "steps": %d, "data": "%s", "data_shards": %d, "seq_len": %d, "drafter_layers": %d, "k": %d, "prior_cpu_s": %d, "trunk_legs": %d, "schedule_steps": %d, "schedule_offset": %d}\n' \
       $LEG "$INIT" "$WORK/init" ${STEPS:-3000} "${DATA:-corpora/smollm2_t1}" ${DATA_SHARDS:-68} \
       ${SEQ_LEN:-256} $LAYERS $K $PRIOR_CPU_S $TRUNK_LEGS $CHAIN_STEPS $CHAIN_AT > $WORK/leg.json
