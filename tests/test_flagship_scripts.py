@@ -29,7 +29,7 @@ def _run_with_stand_ins(script, bin_dir, log, env_vars):
     """Run a flagship script with the stand-ins of bin_dir first on PATH and no leg
     settings inherited; (the finished process, the calls the stand-ins recorded)."""
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
-    for k in ("DATA", "STEPS", "SEQ_LEN", "DATA_SHARDS", "LAYERS", "K"):
+    for k in ("DATA", "STEPS", "SEQ_LEN", "DATA_SHARDS", "LAYERS", "K", "LR", "CHAIN_STEPS"):
         env.pop(k, None)
     env.update(env_vars)
     done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
@@ -268,7 +268,8 @@ def test_the_first_depth_leg_grows_a_pinned_copy_of_the_one_layer_export(tmp_pat
                    "data": "runs/corpora/x", "data_shards": 0, "seq_len": 384,
                    "drafter_layers": 2, "k": 1, "prior_cpu_s": 4100, "trunk_legs": 2,
                    # the chain's one cosine, at the shipped 2,000 + the trunk's 4,500 steps
-                   "schedule_steps": 50000, "schedule_offset": 6500}
+                   "schedule_steps": 50000, "schedule_offset": 6500,
+                   "learning_rate": 0.0005}
     assert json.loads((work / "init" / "config.json").read_text()) == {"tag": "leg5"}
     train, finish = calls
     assert "--override=drafter_layers=2" in train.split()
@@ -355,6 +356,29 @@ def test_a_leg_started_before_the_chain_schedule_resumes_on_its_own_restart(tmp_
     assert done.returncode == 0, done.stderr
     assert {"--override=schedule_steps=0", "--override=schedule_offset=0",
             "--max_steps=3000"} <= set(calls[0].split())
+
+
+def test_a_leg_keeps_the_peak_rate_it_began_with(tmp_path):
+    _drafter(tmp_path / "experiments" / "flagship" / "k1" / "drafter", "leg8")
+    done, calls = _run_train(tmp_path, LR="1e-3")
+    assert done.returncode == 0, done.stderr
+    work = tmp_path / "runs" / "flagship" / "k1_leg1"
+    assert json.loads((work / "leg.json").read_text())["learning_rate"] == 0.001
+    assert "--override=learning_rate=0.001" in calls[0].split()
+    # resumed without LR (the usual command) or with the same rate: the leg's own rate
+    for same in ({}, {"LR": "0.001"}):
+        done, calls = _run_train(tmp_path, **same)
+        assert done.returncode == 0, done.stderr
+        assert "--override=learning_rate=0.001" in calls[-2].split()
+    # ... another rate would change the schedule mid-leg: refused, nothing runs
+    before = len(calls)
+    done, calls = _run_train(tmp_path, LR="5e-4")
+    assert done.returncode == 1 and "began with LR=0.001" in done.stderr
+    assert len(calls) == before
+    # a rate that is not a positive number is refused before anything is written
+    done, calls = _run_train(tmp_path / "other", LR="fast")
+    assert done.returncode == 1 and "LR=fast is not a positive learning rate" in done.stderr
+    assert not (tmp_path / "other" / "runs" / "flagship" / "k1_leg1").exists()
 
 
 def test_a_leg_past_the_chain_schedule_is_refused_with_nothing_written(tmp_path):

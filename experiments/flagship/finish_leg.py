@@ -140,7 +140,8 @@ def main(argv) -> int:
               **{k: leg[k] for k in ("prior_cpu_s", "trunk_legs")
                  if k in leg and FLAGS.leg == 1},
               # the chain's one cosine this leg followed (none: a warm restart)
-              **{k: leg[k] for k in ("schedule_steps", "schedule_offset") if leg.get(k)},
+              **{k: leg[k] for k in ("schedule_steps", "schedule_offset", "learning_rate")
+                 if leg.get(k)},
               "training_cpu_s": rows[-1]["cpu_s"],
               "start": {k: rows[0][k] for k in keep(rows[0])},
               "end": {k: rows[-1][k] for k in keep(rows[-1])},

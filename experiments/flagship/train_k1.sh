@@ -7,6 +7,8 @@
 # there, so the chain anneals once. Legs 1-7 of the 1-layer chain (and the depth / mixture
 # legs started before it) each restarted a whole warmup + cosine at the peak instead, and
 # lost the first half of each leg to it (research log sections 14 and 16).
+# LR (default 5e-4) sets that cosine's peak for a new leg; leg.json keeps it, so a resumed
+# leg goes on at the rate it began with (a different LR on resume is refused).
 #
 # Recipe: that of the shipped K = 1 drafter (five taps, one drafter layer, NLL + AL + top-64
 # distillation, the sampled training head of 4,096 frequent + 1,024 sampled tokens, batch
@@ -103,19 +105,36 @@ if [ ! -f $WORK/leg.json ] && [ $(( CHAIN_AT + ${STEPS:-3000} )) -gt $CHAIN_STEP
     "chain schedule of CHAIN_STEPS=$CHAIN_STEPS: raise CHAIN_STEPS or shorten STEPS" >&2
   exit 1  # before anything of the leg is written
 fi
+# the peak rate of the chain's cosine (LR, default 5e-4): a number, kept in leg.json
+PEAK_LR=$(python -c "
+import math, sys
+try:
+    lr = float('${LR:-5e-4}')
+except ValueError:
+    lr = float('nan')
+if not (math.isfinite(lr) and lr > 0):
+    sys.exit('LR=${LR:-} is not a positive learning rate (e.g. LR=1e-3)')
+print(repr(lr))") || exit 1
 mkdir -p $WORK  # the leg's settings, fixed at its start so that a resume keeps them
 if [ ! -f $WORK/leg.json ]; then
   [ -f $INIT/config.json ] || { echo "no drafter to start leg $LEG of $KEEP from: $INIT/config.json" \
       "is missing (the $NAME run grows the 1-layer chain's export: run a 1-layer leg first)" >&2
       exit 1; }
   rm -rf $WORK/init && cp -r $INIT $WORK/init.partial && mv $WORK/init.partial $WORK/init
-  printf '{"leg": %d, "init": "%s", "init_copy": "%s", "steps": %d, "data": "%s", "data_shards": %d, "seq_len": %d, "drafter_layers": %d, "k": %d, "prior_cpu_s": %d, "trunk_legs": %d, "schedule_steps": %d, "schedule_offset": %d}\n' \
+  printf '{"leg": %d, "init": "%s", "init_copy": "%s", "steps": %d, "data": "%s", "data_shards": %d, "seq_len": %d, "drafter_layers": %d, "k": %d, "prior_cpu_s": %d, "trunk_legs": %d, "schedule_steps": %d, "schedule_offset": %d, "learning_rate": %s}\n' \
       $LEG "$INIT" "$WORK/init" ${STEPS:-3000} "${DATA:-corpora/smollm2_t1}" ${DATA_SHARDS:-68} \
-      ${SEQ_LEN:-256} $LAYERS $K $PRIOR_CPU_S $TRUNK_LEGS $CHAIN_STEPS $CHAIN_AT > $WORK/leg.json
+      ${SEQ_LEN:-256} $LAYERS $K $PRIOR_CPU_S $TRUNK_LEGS $CHAIN_STEPS $CHAIN_AT $PEAK_LR > $WORK/leg.json
 fi
 leg() { python -c "import json; print(json.load(open('$WORK/leg.json')).get('$1', '${2-}'))"; }
 STEPS=$(leg steps) INIT=$(leg init_copy "$(leg init)") DATA=$(leg data corpora/smollm2_t1)
 DATA_SHARDS=$(leg data_shards 68) SEQ_LEN=$(leg seq_len 256) LAYERS=$(leg drafter_layers 1)
+# a resumed leg keeps the peak rate it began with (legs begun before it was kept: 5e-4)
+LEG_LR=$(leg learning_rate 5e-4)
+if [ -n "${LR:-}" ] && ! python -c "import sys; sys.exit(float('$LR') != float('$LEG_LR'))"; then
+  echo "leg $LEG of $KEEP began with LR=$LEG_LR ($WORK/leg.json) and resumes with it:" \
+    "unset LR (or LR=$LEG_LR) to resume it" >&2
+  exit 1
+fi
 # the chain's cosine (legs started before it: 0, their own warm restart)
 SCHEDULE=(--override=schedule_steps=$(leg schedule_steps 0)
           --override=schedule_offset=$(leg schedule_offset 0))
@@ -124,7 +143,7 @@ nice -n 10 python experiments/budget/budget_curve.py --experiment=$EXPERIMENT \
   --checkpoint_every=250 --budget_cpu_s=1e9 --validation_batches=8 \
   --override=data=$DATA --override=data_shards=$DATA_SHARDS \
   --override=batch_size=8 --override=seq_len=$SEQ_LEN --override=anchors_per_sequence=16 \
-  --override=learning_rate=${LR:-5e-4} --override=warmup_fraction=0.03 \
+  --override=learning_rate=$LEG_LR --override=warmup_fraction=0.03 \
   --override=keep_checkpoints=2 --override=feature_cache=runs/flagship/features \
   --override=target_layer_ids=1,7,14,20,27 --override=drafter_layers=$LAYERS \
   --override=train_head_tokens=4096 --override=train_head_sampled=1024 \
