@@ -132,7 +132,9 @@ def test_variants_share_the_recipe_and_land_in_keep_with_a_paired_table(tmp_path
         "k4_correction": ["--experiment=smollm2_dblast_k4_al",
                           "--override=correction=previous-token"]}
     assert {f"--override=drafter_init=drafter:{trunk}", "--max_steps=7",
-            "--override=data=some/corpus", "--override=seq_len=384"} <= set(shared)
+            "--override=data=some/corpus", "--override=seq_len=384",
+            # the flagship's cache (keyed by corpus digest) is reused, never rebuilt
+            "--override=feature_cache=runs/flagship/features"} <= set(shared)
     for v in validates:  # each variant alone, never against a baseline in the same call
         assert "--baseline" not in v and len([a for a in v if a == "--drafter"]) == 1
     assert sorted({v[v.index("--verify-temperature") + 1] for v in validates}) == [

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # DBlast against the other ways of making a block drafter dependent (issue 32), under the
 # same exact verifier: every variant trains STEPS steps (default 10,000) from the same K = 1
-# trunk (the flagship's export as committed at TRUNK_AT: leg 3's, held out 0.469) on the same data
-# (the flagship's sampled + greedy answers, 384-token window, bfloat16 feature cache),
-# with the flagship's recipe (distillation to the target's top-64, the sampled head, lr
-# 5e-4 cosine), and is scored by `dblast validate` on the same held-out batches at
-# T_v = 0.7 / 1.0 (answers sampled at T = 1.0) and 1.5 (answers sampled at T = 1.5),
-# paired against the K = 1 control trained alike:
+# trunk (the flagship's export as committed at TRUNK_AT: leg 9's, held out 0.507, 32,000
+# steps) on the same data (the flagship's greedy answers + sampled pass 3, 384-token window,
+# bfloat16 feature cache, shared with the flagship's legs in FEATURES) with the flagship's
+# recipe (distillation to the target's top-64, the sampled head, lr 5e-4 cosine), and is
+# scored by `dblast validate` on the same held-out batches at T_v = 0.7 / 1.0 (answers
+# sampled at T = 1.0) and 1.5 (answers sampled at T = 1.5), paired against the K = 1
+# control trained alike:
 #
 #   k1_control      K = 1, NLL + AL                      (the control)
 #   dblast_k4       K = 4 latent mixture, NLL + AL       (DBlast)
@@ -25,10 +26,10 @@
 # CPU-s, the trunk's sha256; validate_t{0.7,1.0,1.5}.json). A variant with its results in
 # $KEEP is never trained again. Every variant is scored on the same held-out batches, so
 # dependent_table.py pairs the committed per-batch numbers as one joint run would; it
-# writes $KEEP/table.md once the variants asked for are all in. One variant is ~70 min of
-# feature cache plus ~1.5 h (K = 1) to ~2 h (K = 4) of 10,000 steps on 2 cores: one a
-# working day when the flagship leg does not run, or all of them where an accelerator is
-# lent. The trunk is pinned by commit (TRUNK_AT), not by path, so that later flagship legs
+# writes $KEEP/table.md once the variants asked for are all in. The feature cache is
+# the flagship's (built once, ~70 min where it is missing); a variant's 10,000 steps then
+# take ~3 h (K = 1) and more for K = 4 on the one core a flagship leg leaves free, so the
+# comparison spans sessions, or one sitting where an accelerator is lent. The trunk is pinned by commit (TRUNK_AT), not by path, so that later flagship legs
 # do not change it under a half-finished comparison; a different trunk is refused.
 set -u
 cd "$(dirname "$0")/../.."
@@ -36,7 +37,8 @@ STEPS=${STEPS:-10000}
 BATCHES=${BATCHES:-16}
 OUT=${OUT:-runs/dependent}
 KEEP=${KEEP:-experiments/claims/dependent}
-TRUNK_AT=${TRUNK_AT:-5a32165}  # "Flagship leg 3 recorded"
+TRUNK_AT=${TRUNK_AT:-31571e0}  # holds flagship leg 9's export (experiments/flagship/k1/drafter)
+FEATURES=${FEATURES:-runs/flagship/features}  # keyed by corpus digest: shared safely
 VARIANTS=${VARIANTS:-"k1_control dblast_k4 correction block_causal k4_correction"}
 mkdir -p "$OUT" "$KEEP"
 TRUNK_GIVEN=${TRUNK-}
@@ -53,10 +55,11 @@ if [ -z "$TRUNK_GIVEN" ]; then  # the flagship's export as committed at TRUNK_AT
 fi
 [ -f "$TRUNK/config.json" ] || { echo "no trunk at $TRUNK (config.json)" >&2; exit 1; }
 TRUNK_SHA=$(cat "$TRUNK"/*.safetensors | sha256sum | cut -d' ' -f1)
-if [ -z "${DATA-}" ]; then  # the flagship's leg-3 data: sampled + greedy answers
-  DATA=runs/corpora/smollm2_t1_t0
-  [ -f $DATA/manifest.json ] || dblast data merge --out $DATA corpora/smollm2_t1:0:68 \
-    corpora/smollm2_t0:0:68 --exclude-prompts-of corpora/smollm2_t1:68:72 >> "$OUT/data.log"
+if [ -z "${DATA-}" ]; then  # the flagship's leg-10 data: greedy answers + sampled pass 3
+  DATA=runs/corpora/smollm2_t0_t1pass3
+  [ -f $DATA/manifest.json ] || dblast data merge --out $DATA corpora/smollm2_t0:0:68 \
+    corpora/smollm2_t1_more:136:204 --exclude-prompts-of corpora/smollm2_t1:68:72 \
+    >> "$OUT/data.log"
 fi
 
 flags_of() {  # the experiment and overrides that make variant $1
@@ -98,7 +101,7 @@ for v in $VARIANTS; do
     --validation_batches=8 --override=data=$DATA --override=data_shards=0 \
     --override=batch_size=8 --override=seq_len=384 --override=anchors_per_sequence=16 \
     --override=learning_rate=5e-4 --override=warmup_fraction=0.03 \
-    --override=keep_checkpoints=2 --override=feature_cache=$OUT/features \
+    --override=keep_checkpoints=2 --override=feature_cache=$FEATURES \
     --override=feature_cache_dtype=bfloat16 \
     --override=target_layer_ids=1,7,14,20,27 --override=drafter_layers=1 \
     --override=train_head_tokens=4096 --override=train_head_sampled=1024 \
