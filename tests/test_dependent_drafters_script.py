@@ -11,6 +11,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 
 import numpy as np
 
@@ -186,6 +187,34 @@ def test_a_subset_without_the_control_and_an_unknown_variant(tmp_path):
     done, calls = _run(again, VARIANTS="correction k8_magic", TRUNK=str(trunk))
     assert done.returncode == 1 and "unknown variant k8_magic" in done.stderr
     assert calls == []  # refused before any variant trains
+
+
+def test_a_variant_being_trained_elsewhere_is_refused(tmp_path):
+    """Variants run side by side as one invocation each; a second invocation of a variant
+    that is training (its lock held) stops before touching its run, and the lock goes
+    with the process that held it."""
+    trunk = _trunk(tmp_path / "trunk")
+    (tmp_path / "out").mkdir()
+    holder = subprocess.Popen(["flock", str(tmp_path / "out" / "dblast_k4.lock"),
+                               "sleep", "60"], start_new_session=True)
+    try:
+        for _ in range(100):  # until the holder has the lock
+            if subprocess.run(["flock", "-n", str(tmp_path / "out" / "dblast_k4.lock"),
+                               "true"]).returncode:
+                break
+            time.sleep(0.05)
+        done, calls = _run(tmp_path, VARIANTS="dblast_k4", STEPS="3", TRUNK=str(trunk))
+        assert done.returncode == 1
+        assert "variant dblast_k4 is being trained by another invocation" in done.stderr
+        assert calls == []
+        done, calls = _run(tmp_path, VARIANTS="correction", STEPS="3", TRUNK=str(trunk))
+        assert done.returncode == 0, done.stderr  # another variant runs beside it
+    finally:
+        os.killpg(holder.pid, 9)  # flock and its sleep (which holds the lock too)
+        holder.wait()
+    done, calls = _run(tmp_path, VARIANTS="dblast_k4", STEPS="3", TRUNK=str(trunk))
+    assert done.returncode == 0, done.stderr
+    assert [c[0] for c in calls].count("budget_curve.py") == 1
 
 
 def test_the_trunk_is_pinned_by_commit(tmp_path):

@@ -17,6 +17,9 @@
 #
 #     bash experiments/claims/dependent_drafters.sh                 # all, or resume
 #     VARIANTS="k1_control correction" bash experiments/claims/dependent_drafters.sh
+#     VARIANTS=dblast_k4 bash experiments/claims/dependent_drafters.sh &  # side by side:
+#         one invocation per variant, each on its own core (a variant already being
+#         trained by another invocation is refused)
 #     STEPS=2 BATCHES=1 DATA=... OUT=/tmp/dry KEEP=/tmp/dry/keep \
 #         bash experiments/claims/dependent_drafters.sh
 #
@@ -93,6 +96,9 @@ validate() {
 
 for v in $VARIANTS; do
   [ -f "$KEEP/$v/training.json" ] && { echo "$v: finished ($KEEP/$v)"; continue; }
+  exec 9> "$OUT/$v.lock"  # one invocation per variant (side-by-side runs share $OUT)
+  flock -n 9 || { echo "variant $v is being trained by another invocation" \
+    "($OUT/$v.lock is held)" >&2; exit 1; }
   f=$(flags_of $v)
   # shellcheck disable=SC2086  # $f is a list of flags
   nice -n 10 python experiments/budget/budget_curve.py --workdir="$OUT/$v" $f \
