@@ -12,6 +12,7 @@ import stat
 import subprocess
 import sys
 import time
+import zlib
 
 import numpy as np
 
@@ -60,6 +61,35 @@ if sys.argv[1] == "validate":
     results = {{name: {{"al_estimate": sum(per) / n, "al_estimate_se": 0.001,
                        "per_batch": {{"al_estimate": per}}}}}}
     json.dump({{"settings": settings, "results": results}}, open(out + "/validation.json", "w"))
+if sys.argv[1] == "eval":  # macro tau of a drafter: a fixed function of its name and T
+    a = sys.argv
+    val = lambda k: a[a.index(k) + 1]
+    name, _, mode = val("--drafter").partition("@mode=")
+    name = name.split("=")[0]
+    t = float(val("--temperatures"))
+    n = int(val("--prompts-per-benchmark"))
+    tokens = int(val("--max-new-tokens"))
+    tau = 1.2 + (zlib.crc32(name.encode()) % 100) / 1000 + t / 10
+    benchmarks = ["humaneval", "mt-bench", "gsm8k", "creative-writing"]
+    cells = []
+    for b in benchmarks:
+        cells.append({{"benchmark": b, "method": "plain", "prompts": n, "seconds": 4.0,
+                      "new_tokens": tokens * n, "steps": 0, "temperature": t}})
+        cells.append({{"benchmark": b, "method": name, "prompts": n, "seconds": 6.0,
+                      "new_tokens": tokens * n, "steps": 60, "temperature": t}})
+    column = f"macro@T{{t}}"
+    tables = {{m: {{"rows": [{{"drafter": name, column: x}}]}}
+              for m, x in (("tau", tau), ("tau_se", 0.02), ("speedup", 4.0 / 6.0))}}
+    meta = {{"batch_size": int(val("--batch-size")), "benchmarks": benchmarks,
+            "drafters": [name], "max_new_tokens": tokens,
+            "method_settings": {{name: {{"verify_mode": mode}}}},
+            "seed": int(os.environ.get("FAKE_EVAL_SEED", "0")),
+            "target": "smollm2-135m-instruct", "temperatures": [t],
+            "verify_mode": "greedy-branch"}}
+    out = val("--out")
+    os.makedirs(out, exist_ok=True)
+    json.dump({{"baseline": None, "meta": meta, "cells": cells, "tables": tables}},
+              open(out + "/results.json", "w"))
 """
 
 
@@ -113,7 +143,20 @@ def test_variants_share_the_recipe_and_land_in_keep_with_a_paired_table(tmp_path
     assert done.returncode == 0, done.stderr
     trains = [c for c in calls if c[0] == "budget_curve.py"]
     validates = [c for c in calls if c[:2] == ["dblast", "validate"]]
-    assert len(trains) == 5 and len(validates) == 15
+    evals = [c for c in calls if c[:2] == ["dblast", "eval"]]
+    assert len(trains) == 5 and len(validates) == 15 and len(evals) == 10
+    modes = {(e[e.index("--drafter") + 1], e[e.index("--temperatures") + 1]) for e in evals}
+    out = tmp_path / "out"
+    assert modes == {
+        *((f"{v}={out}/{v}@mode=greedy-branch", "0.7") for v in
+          ("k1_control", "correction", "block_causal")),
+        *((f"{v}={out}/{v}@mode=sampled-branch", "1.5") for v in
+          ("k1_control", "correction", "block_causal")),
+        *((f"{v}={out}/{v}@mode=mixture", "0.7") for v in ("dblast_k4", "k4_correction")),
+        *((f"{v}={out}/{v}@mode=sampled-mixture", "1.5") for v in
+          ("dblast_k4", "k4_correction"))}
+    for e in evals:  # each alone, batch 1, plain decoding beside it
+        assert e[e.index("--batch-size") + 1] == "1" and "--baseline" not in e
     mechanism, shared = {}, None
     for c in trains:
         name = os.path.basename(next(a for a in c if a.startswith("--workdir="))
@@ -153,6 +196,16 @@ def test_variants_share_the_recipe_and_land_in_keep_with_a_paired_table(tmp_path
                if line.startswith("| dblast_k4 |"))
     # per-batch differences are constant in the stand-in: the paired SE is 0
     assert f"{_expected_gain('dblast_k4', 'k1_control', 1.5):+.1f}% ± 0.0%" in row
+    bench = table[table.index("Benchmarks ("):]
+    assert "2 prompts each, 96 new tokens, batch 1" in bench
+    row = next(line for line in bench.splitlines() if line.startswith("| dblast_k4 |"))
+    tau = lambda v, t: 1.2 + (zlib.crc32(v.encode()) % 100) / 1000 + t / 10
+    r = tau("dblast_k4", 1.5) / tau("k1_control", 1.5)
+    se = 100 * r * ((0.02 / tau("dblast_k4", 1.5)) ** 2
+                    + (0.02 / tau("k1_control", 1.5)) ** 2) ** 0.5
+    # | variant | tau, speed, ms / step, gain at 0.7 | the same at 1.5 |
+    assert row.strip("| ").split(" | ")[5:9] == [f"{tau('dblast_k4', 1.5):.3f} ± 0.020", "0.67x",
+                                      "100 (21)", f"{100 * (r - 1):+.1f}% ± {se:.1f}%"]
 
     # another machine: the finished variants are not trained again, the table is redrawn
     shutil.rmtree(tmp_path / "out")
@@ -242,6 +295,21 @@ def test_the_trunk_is_pinned_by_commit(tmp_path):
     assert done.returncode == 1 and "no experiments/flagship/k1/drafter at commit" in done.stderr
 
 
+def _bench_record(name, t, tau, prompts=2):
+    """What `dblast eval` of `name` alone at T = t writes (the fields the table reads)."""
+    cells = [{"benchmark": b, "method": m, "prompts": prompts, "seconds": 4.0,
+              "new_tokens": 96 * prompts, "steps": 0 if m == "plain" else 60,
+              "temperature": float(t)}
+             for b in ("humaneval", "gsm8k") for m in ("plain", name)]
+    column = f"macro@T{float(t)}"
+    return {"meta": {"batch_size": 1, "benchmarks": ["humaneval", "gsm8k"],
+                     "drafters": [name], "max_new_tokens": 96, "seed": 0,
+                     "temperatures": [float(t)]},
+            "cells": cells,
+            "tables": {m: {"rows": [{"drafter": name, column: x}]}
+                       for m, x in (("tau", tau), ("tau_se", 0.05), ("speedup", 1.0))}}
+
+
 def test_the_paired_gain_matches_numpy(tmp_path):
     """The table's paired SE is the SE of the per-batch differences, relative to the
     control's mean (checked with noisy per-batch values)."""
@@ -258,6 +326,9 @@ def test_the_paired_gain_matches_numpy(tmp_path):
                 {"settings": {"data": "d", "shards": "0:4", "batches": 16, "out": name},
                  "results": {name: {"al_estimate": float(per.mean()),
                                     "per_batch": {"al_estimate": per.tolist()}}}}))
+        for t in ("0.7", "1.5"):
+            (keep / name / f"bench_t{t}.json").write_text(json.dumps(
+                _bench_record(name, t, 1.5 if name == "k1_control" else 1.8)))
     done = subprocess.run([sys.executable, os.path.join(CLAIMS, "dependent_table.py"),
                            f"--keep={keep}"], capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=ROOT))
@@ -265,6 +336,19 @@ def test_the_paired_gain_matches_numpy(tmp_path):
     gain = 100 * (other.mean() / base.mean() - 1)
     se = 100 * (other - base).std(ddof=1) / np.sqrt(16) / base.mean()
     assert f"{gain:+.1f}% ± {se:.1f}%" in done.stdout
+    # benchmark tau gains are unpaired (separate runs): SEs combined by the delta method
+    se = 100 * 1.2 * ((0.05 / 1.8) ** 2 + (0.05 / 1.5) ** 2) ** 0.5
+    assert f"| 1.800 ± 0.050 | 1.00x | 67 (21) | +20.0% ± {se:.1f}% |" in done.stdout
+
+    # a benchmark run on other prompts is refused, not compared
+    (keep / "dblast_k4" / "bench_t1.5.json").write_text(json.dumps(
+        _bench_record("dblast_k4", "1.5", 1.8, prompts=8)))
+    done = subprocess.run([sys.executable, os.path.join(CLAIMS, "dependent_table.py"),
+                           f"--keep={keep}"], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert ("dblast_k4/bench_t1.5.json: benchmarked on other prompts or settings than "
+            "dblast_k4 (differ: ['prompts_per_benchmark'])") in done.stderr
 
 
 def test_a_corrupt_result_is_one_line_naming_its_file(tmp_path):
@@ -273,6 +357,8 @@ def test_a_corrupt_result_is_one_line_naming_its_file(tmp_path):
     (keep / "training.json").write_text("{not json")
     for t in ("0.7", "1.0", "1.5"):
         (keep / f"validate_t{t}.json").write_text("{}")
+    for t in ("0.7", "1.5"):
+        (keep / f"bench_t{t}.json").write_text("{}")
     done = subprocess.run([sys.executable, os.path.join(CLAIMS, "dependent_table.py"),
                            f"--keep={tmp_path / 'keep'}"], capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=ROOT))

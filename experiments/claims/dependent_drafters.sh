@@ -15,6 +15,10 @@
 #   block_causal    K = 1, block-causal attention        (JetSpec style)
 #   k4_correction   K = 4 + the correction head          (do the two stack?)
 #
+# Each variant is then run alone on the four benchmarks (BENCH_PROMPTS prompts each, batch
+# 1, plain decoding side by side): T = 0.7 with argmax drafts, T = 1.5 with drafts sampled
+# from q (sampled-branch; sampled-mixture for K = 4): tau, speed and milliseconds per step.
+#
 #     bash experiments/claims/dependent_drafters.sh                 # all, or resume
 #     VARIANTS="k1_control correction" bash experiments/claims/dependent_drafters.sh
 #     VARIANTS=dblast_k4 bash experiments/claims/dependent_drafters.sh &  # side by side:
@@ -24,20 +28,24 @@
 #         bash experiments/claims/dependent_drafters.sh
 #
 # The comparison is built one variant at a time, across machines: a variant trains as a
-# resumable run in $OUT/NAME (runs/, lost with the machine), is validated alone at the
-# three T_v, and its results are committed to $KEEP/NAME (training.json: steps, training
-# CPU-s, the trunk's sha256; validate_t{0.7,1.0,1.5}.json). A variant with its results in
-# $KEEP is never trained again. Every variant is scored on the same held-out batches, so
-# dependent_table.py pairs the committed per-batch numbers as one joint run would; it
-# writes $KEEP/table.md once the variants asked for are all in. The feature cache is
-# the flagship's (built once, ~70 min where it is missing); a variant's 10,000 steps then
-# take ~3 h (K = 1) and more for K = 4 on the one core a flagship leg leaves free, so the
-# comparison spans sessions, or one sitting where an accelerator is lent. The trunk is pinned by commit (TRUNK_AT), not by path, so that later flagship legs
-# do not change it under a half-finished comparison; a different trunk is refused.
+# resumable run in $OUT/NAME (runs/, lost with the machine), is validated and benchmarked
+# alone, and its results are committed to $KEEP/NAME (training.json: steps, training
+# CPU-s, the trunk's sha256; validate_t{0.7,1.0,1.5}.json; bench_t{0.7,1.5}.json). A
+# variant with its results in $KEEP is never trained again. Every variant is scored on the
+# same held-out batches, so dependent_table.py pairs the committed per-batch numbers as
+# one joint run would; it writes $KEEP/table.md once the variants asked for are all in.
+# The feature cache is the flagship's (built once, ~70 min where it is missing); a
+# variant's 10,000 steps then take ~3 h (K = 1) and more for K = 4 on the one core a
+# flagship leg leaves free, and its benchmarks ~15 min, so the comparison spans sessions,
+# or one sitting where an accelerator is lent. The trunk is pinned by commit (TRUNK_AT),
+# not by path, so that later flagship legs do not change it under a half-finished
+# comparison; a different trunk is refused.
 set -u
 cd "$(dirname "$0")/../.."
 STEPS=${STEPS:-10000}
 BATCHES=${BATCHES:-16}
+BENCH_PROMPTS=${BENCH_PROMPTS:-2}  # per benchmark, batch 1, at T = 0.7 and 1.5
+BENCH_TOKENS=${BENCH_TOKENS:-96}
 OUT=${OUT:-runs/dependent}
 KEEP=${KEEP:-experiments/claims/dependent}
 TRUNK_AT=${TRUNK_AT:-31571e0}  # holds flagship leg 9's export (experiments/flagship/k1/drafter)
@@ -94,6 +102,24 @@ validate() {
   cp "$out/validation.json" "$KEEP/$1/validate_t$2.json"
 }
 
+modes_of() {  # verify modes at T = 0.7 (argmax drafts) and T = 1.5 (drafts sampled from q)
+  case $1 in
+    dblast_k4|k4_correction) echo mixture sampled-mixture ;;
+    *) echo greedy-branch sampled-branch ;;
+  esac
+}
+
+# dblast eval of variant $1 alone on the four benchmarks at T = $2, verify mode $3, batch 1,
+# plain decoding of the same prompts side by side -> $KEEP/$1/bench_t$2.json
+bench() {
+  local out=$OUT/$1.bench_t$2
+  [ -f "$out/results.json" ] || nice -n 10 dblast eval --drafter "$1=$OUT/$1@mode=$3" \
+    --temperatures $2 --prompts-per-benchmark $BENCH_PROMPTS --max-new-tokens $BENCH_TOKENS \
+    --batch-size 1 --no-progress --out "$out" >> "$out.log" 2>&1 \
+    || { echo "benchmark $out failed; see $out.log" >&2; exit 1; }
+  cp "$out/results.json" "$KEEP/$1/bench_t$2.json"
+}
+
 for v in $VARIANTS; do
   [ -f "$KEEP/$v/training.json" ] && { echo "$v: finished ($KEEP/$v)"; continue; }
   exec 9> "$OUT/$v.lock"  # one invocation per variant (side-by-side runs share $OUT)
@@ -117,8 +143,11 @@ for v in $VARIANTS; do
   validate $v 0.7 corpora/smollm2_t1 68:72
   validate $v 1.0 corpora/smollm2_t1 68:72
   validate $v 1.5 corpora/smollm2_heldout_t15 0:4
+  read -r mode_cool mode_hot <<< "$(modes_of $v)"
+  bench $v 0.7 $mode_cool
+  bench $v 1.5 $mode_hot
   # written last: a kill before it trains nothing again (the run has finished) but
-  # repeats the validations
+  # repeats the validations and benchmarks
   python - "$OUT/$v/budget_curve.jsonl" "$KEEP/$v/training.json" "$TRUNK_AT" "$TRUNK_SHA" \
       "$TRUNK_GIVEN" <<'PY' || exit 1
 import json, os, sys, time

@@ -3,8 +3,8 @@ per-variant results it commits, so that variants trained on different machines a
 are compared as if validated together.
 
 Each finished variant leaves KEEP/NAME/training.json (steps, training CPU-s, the trunk's
-sha256) and KEEP/NAME/validate_t{0.7,1.0,1.5}.json (`dblast validate` of that variant
-alone). Every variant is scored on the same held-out batches and anchors (the batches
+sha256), KEEP/NAME/validate_t{0.7,1.0,1.5}.json (`dblast validate` of that variant
+alone) and KEEP/NAME/bench_t{0.7,1.5}.json (`dblast eval` of it alone on the benchmarks). Every variant is scored on the same held-out batches and anchors (the batches
 depend on the data, shards, seed and window, never on the other drafters), so the
 per-batch numbers pair across files exactly as they would in one run: the gains over
 the K = 1 control are paired by batch, each with its SE. Files whose settings or trunk
@@ -30,6 +30,7 @@ flags.DEFINE_string("baseline", "k1_control", "the variant the gains are paired 
                     "(left out of the gain columns when it has not finished)")
 
 VERIFY_TEMPERATURES = ("0.7", "1.0", "1.5")
+BENCH_TEMPERATURES = ("0.7", "1.5")  # `dblast eval` of each variant alone, batch 1
 # settings of `dblast validate` that name the drafters or the output, not the target and
 # batches they are scored on
 _PER_DRAFTER = ("drafter", "out", "baseline", "debug")
@@ -45,7 +46,8 @@ def finished_variants(keep: str) -> list[str]:
 def _finished(keep: str, variant: str) -> bool:
     folder = os.path.join(keep, variant)
     return all(os.path.exists(os.path.join(folder, f)) for f in
-               ["training.json"] + [f"validate_t{t}.json" for t in VERIFY_TEMPERATURES])
+               ["training.json"] + [f"validate_t{t}.json" for t in VERIFY_TEMPERATURES]
+               + [f"bench_t{t}.json" for t in BENCH_TEMPERATURES])
 
 
 def _read(path: str) -> dict[str, Any]:
@@ -61,8 +63,9 @@ def comparison(keep: str, variants: list[str], baseline: str) -> str:
     variants = variants or finished_variants(keep)
     missing = [v for v in variants if not _finished(keep, v)]
     if missing:
-        raise ValueError(f"not finished in {keep}: {missing} (training.json and "
-                         f"validate_t{{{','.join(VERIFY_TEMPERATURES)}}}.json each)")
+        raise ValueError(f"not finished in {keep}: {missing} (training.json, "
+                         f"validate_t{{{','.join(VERIFY_TEMPERATURES)}}}.json and "
+                         f"bench_t{{{','.join(BENCH_TEMPERATURES)}}}.json each)")
     if not variants:
         raise ValueError(f"no finished variant in {keep}")
     training = {v: _read(os.path.join(keep, v, "training.json")) for v in variants}
@@ -94,7 +97,83 @@ def comparison(keep: str, variants: list[str], baseline: str) -> str:
         lines += ["", f"T_v = {temp} ({settings.get('data')} shards "
                   f"{settings.get('shards')}, {settings.get('batches')} batches):", "",
                   validation_table(results, base)]
+    lines += ["", benchmark_table(keep, variants, base)]
     return "\n".join(lines) + "\n"
+
+
+# `dblast eval` settings that name the drafters, not the prompts and decoding they share
+_PER_EVAL = ("drafters", "method_settings", "verify_mode", "temperatures")
+
+
+def _bench_cell(path: str, record: dict[str, Any], variant: str, temp: str) -> dict:
+    """Macro tau, its SE and the speedup of `variant` at `temp`; ms per speculative step
+    and per plain token pooled over the four benchmarks."""
+    column = f"macro@T{float(temp)}"
+    try:
+        macro = {m: next(r for r in record["tables"][m]["rows"]
+                         if r["drafter"] == variant)[column]
+                 for m in ("tau", "tau_se", "speedup")}
+        cells = [c for c in record["cells"] if c["temperature"] == float(temp)]
+        mine = [c for c in cells if c["method"] == variant]
+        plain = [c for c in cells if c["method"] == "plain"]
+        step_ms = 1e3 * sum(c["seconds"] for c in mine) / sum(c["steps"] for c in mine)
+        plain_ms = 1e3 * sum(c["seconds"] for c in plain) / sum(c["new_tokens"] for c in plain)
+    except (KeyError, StopIteration, TypeError, ZeroDivisionError):
+        raise ValueError(f"{path}: holds no T = {temp} benchmark results for {variant!r}"
+                         ) from None
+    return {**macro, "step_ms": step_ms, "plain_ms": plain_ms}
+
+
+def _ratio(a: float, sa: float, b: float, sb: float) -> str:
+    """100 (a / b - 1) with the SE of two independent estimates (delta method)."""
+    r = a / b
+    return f"{100 * (r - 1):+.1f}% ± {100 * r * ((sa / a) ** 2 + (sb / b) ** 2) ** 0.5:.1f}%"
+
+
+def benchmark_table(keep: str, variants: list[str], base: str | None) -> str:
+    """Markdown: macro tau (± SE), speed and the cost of a step on the four benchmarks at
+    each T, every variant run alone with plain decoding beside it. Runs on other prompts
+    or decoding settings are refused; tau gains over `base` are unpaired (other runs)."""
+    cells, settings = {}, None
+    for v in variants:
+        for temp in BENCH_TEMPERATURES:
+            path = os.path.join(keep, v, f"bench_t{temp}.json")
+            record = _read(path)
+            shared = {k: x for k, x in record.get("meta", {}).items() if k not in _PER_EVAL}
+            shared["prompts_per_benchmark"] = sorted(  # not in meta: from the plain cells
+                {c.get("prompts") for c in record.get("cells", [])
+                 if c.get("method") == "plain"})
+            if settings is not None and shared != settings:
+                diff = sorted(k for k in set(shared) | set(settings)
+                              if shared.get(k) != settings.get(k))
+                raise ValueError(f"{path}: benchmarked on other prompts or settings than "
+                                 f"{variants[0]} (differ: {diff})")
+            settings = shared
+            cells[v, temp] = _bench_cell(path, record, v, temp)
+    head = "| variant |"
+    rule = "|---|"
+    for temp in BENCH_TEMPERATURES:
+        head += (f" tau T = {temp} | speed T = {temp} | ms / step T = {temp} |"
+                 + (f" tau gain vs {base} T = {temp} |" if base else ""))
+        rule += "---|---|---|" + ("---|" if base else "")
+    lines = [f"Benchmarks ({', '.join(settings.get('benchmarks', []))}; "
+             f"{'/'.join(map(str, settings['prompts_per_benchmark']))} prompts each, "
+             f"{settings.get('max_new_tokens')} new tokens, batch "
+             f"{settings.get('batch_size')}; macro tau ± SE, speed = tokens/s over plain "
+             "decoding in the same run, ms per speculative step; plain decoding ms per "
+             "token in brackets):", "", head, rule]
+    for v in variants:
+        row = f"| {v} |"
+        for temp in BENCH_TEMPERATURES:
+            c = cells[v, temp]
+            row += (f" {c['tau']:.3f} ± {c['tau_se']:.3f} | {c['speedup']:.2f}x | "
+                    f"{c['step_ms']:.0f} ({c['plain_ms']:.0f}) |")
+            if base:
+                b = cells[base, temp]
+                row += " — |" if v == base else (
+                    f" {_ratio(c['tau'], c['tau_se'], b['tau'], b['tau_se'])} |")
+        lines.append(row)
+    return "\n".join(lines)
 
 
 def main(argv: list[str]) -> None:
