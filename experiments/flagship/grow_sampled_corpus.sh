@@ -19,9 +19,10 @@
 #
 # SEED=2 (3, ...) grows three further passes with new sampling keys into
 # corpora/smollm2_t1_more_seed2 (...): passes 4-6 (7-9, ...) of train_on_grown_corpus.sh,
-# each usable as soon as its 68 shards are finished. Every leg on a fresh pass has gained
-# (research log sections 11-13), and a pass trained on twice has not: fresh answers, not
-# steps, are what the flagship runs out of.
+# each usable as soon as its 68 shards are finished. Legs on a fresh pass gained up to leg
+# 6 (research log sections 11-13) and a pass trained on twice has not; since leg 6 the
+# 1-layer chain is flat on fresh and repeated passes alike (section 18), so the next fresh
+# pass, with a 1-layer and a 2-layer leg on it, tells whether data or capacity limits it.
 #
 #     bash experiments/flagship/grow_sampled_corpus.sh           # seed 1 (complete)
 #     SEED=2 bash experiments/flagship/grow_sampled_corpus.sh    # passes 4-6, or resume
