@@ -58,6 +58,15 @@ def _read(path: str) -> dict[str, Any]:
         raise ValueError(f"{path}: unreadable ({e})") from None
 
 
+def _same_settings(path: str, mine: dict, first: dict | None, what: str) -> dict:
+    """`mine`, once it equals the first file's settings (None: this is the first); else
+    a one-line error naming `path` and the keys that differ."""
+    if first is not None and mine != first:
+        diff = sorted(k for k in set(mine) | set(first) if mine.get(k) != first.get(k))
+        raise ValueError(f"{path}: {what}: {diff})")
+    return mine
+
+
 def comparison(keep: str, variants: list[str], baseline: str) -> str:
     """Markdown: the training cost of each variant, then one paired table per T_v."""
     variants = variants or finished_variants(keep)
@@ -87,12 +96,8 @@ def comparison(keep: str, variants: list[str], baseline: str) -> str:
                 raise ValueError(f"{path}: holds no results for {v!r}")
             batches = {k: x for k, x in record.get("settings", {}).items()
                        if k not in _PER_DRAFTER}
-            if settings is not None and batches != settings:
-                diff = sorted(k for k in set(batches) | set(settings)
-                              if batches.get(k) != settings.get(k))
-                raise ValueError(f"{path}: validated on other batches than "
-                                 f"{variants[0]} (settings differ: {diff})")
-            settings = batches
+            settings = _same_settings(path, batches, settings, "validated on other batches "
+                                      f"than {variants[0]} (settings differ")
             results[v] = record["results"][v]
         lines += ["", f"T_v = {temp} ({settings.get('data')} shards "
                   f"{settings.get('shards')}, {settings.get('batches')} batches):", "",
@@ -143,12 +148,8 @@ def benchmark_table(keep: str, variants: list[str], base: str | None) -> str:
             shared["prompts_per_benchmark"] = sorted(  # not in meta: from the plain cells
                 {c.get("prompts") for c in record.get("cells", [])
                  if c.get("method") == "plain"})
-            if settings is not None and shared != settings:
-                diff = sorted(k for k in set(shared) | set(settings)
-                              if shared.get(k) != settings.get(k))
-                raise ValueError(f"{path}: benchmarked on other prompts or settings than "
-                                 f"{variants[0]} (differ: {diff})")
-            settings = shared
+            settings = _same_settings(path, shared, settings, "benchmarked on other prompts "
+                                      f"or settings than {variants[0]} (differ")
             cells[v, temp] = _bench_cell(path, record, v, temp)
     head = "| variant |"
     rule = "|---|"
