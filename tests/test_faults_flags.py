@@ -176,6 +176,33 @@ TABLE = {
                                              "x"], "invalid choice"),
     ("dblast data regenerate", "--mesh"): (["data", "regenerate", "--out", "{DIR}", "--mesh",
                                             "2"], "--mesh: mesh '2'"),
+    ("dblast data regenerate", "--prompts-file"): (
+        ["data", "regenerate", *TINY, "--out", "{DIR}", "--prompts-file", "{DIR}2.jsonl"],
+        "no prompt file at"),
+    ("dblast data self-prompts", "--model"): (
+        ["data", "self-prompts", "--out", "{DIR}", "--count", "8", "--model", "nope"], PRESET),
+    ("dblast data self-prompts", "--out"): (
+        ["data", "self-prompts", "--out", "{FILE}", "--count", "8"], "is a file, not a folder"),
+    ("dblast data self-prompts", "--count"): (
+        ["data", "self-prompts", "--out", "{DIR}", "--count", "0"], "--count: must be >= 1"),
+    ("dblast data self-prompts", "--seed"): (
+        ["data", "self-prompts", "--out", "{DIR}", "--count", "8", "--seed", "-1"],
+        "--seed: must be >= 0"),
+    ("dblast data self-prompts", "--temperature"): (
+        ["data", "self-prompts", "--out", "{DIR}", "--count", "8", "--temperature", "0"],
+        "--temperature: must be > 0"),
+    ("dblast data self-prompts", "--top-p"): (
+        ["data", "self-prompts", "--out", "{DIR}", "--count", "8", "--top-p", "2"],
+        "--top-p: must be <= 1"),
+    ("dblast data self-prompts", "--max-query-tokens"): (
+        ["data", "self-prompts", "--out", "{DIR}", "--count", "8", "--max-query-tokens", "0"],
+        "--max-query-tokens: must be >= 1"),
+    ("dblast data self-prompts", "--batch-size"): (
+        ["data", "self-prompts", "--out", "{DIR}", "--count", "8", "--batch-size", "0"],
+        "--batch-size: must be >= 1"),
+    ("dblast data self-prompts", "--dtype"): (
+        ["data", "self-prompts", "--out", "{DIR}", "--count", "8", "--dtype", "x"],
+        "invalid choice"),
     ("dblast data regenerate", "--coordinator-address"): (
         ["data", "regenerate", "--out", "{DIR}", "--coordinator-address", ":1"],
         "expected HOST:PORT"),
@@ -312,7 +339,7 @@ SWITCHES = {
     ("dblast validate", "--auto-distributed"), ("dblast demo", "--tiny"),
     ("dblast demo", "--no-progress"), ("dblast data regenerate", "--no-progress"),
     ("dblast data regenerate", "--auto-distributed"), ("dblast data stats", "--json"),
-    ("dblast data stats", "--no-verify"),
+    ("dblast data stats", "--no-verify"), ("dblast data self-prompts", "--no-progress"),
     *{(launcher, flag) for launcher in ("launch/train.py", "launch/evaluate.py",
                                          "launch/make_data.py")
       for flag in ("--debug", "--progress", "--auto_distributed")},
@@ -322,6 +349,7 @@ SWITCHES = {
 FREE_TEXT = {
     ("dblast generate", "--prompt"): "a prompt",
     ("dblast data regenerate", "--system"): "a system message",
+    ("dblast data self-prompts", "--system"): "a system message",
     ("launch/make_data.py", "--system"): "a system message",
 }
 

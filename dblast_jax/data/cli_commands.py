@@ -24,7 +24,7 @@ from dblast_jax.io.fetch import ChecksumError, FetchError
 from dblast_jax.io.output_folder import check_output_folder
 
 __all__ = ["add_data_subcommands", "cmd_data_drop_scores", "cmd_data_fetch", "cmd_data_merge",
-           "cmd_data_regenerate", "cmd_data_stats", "cmd_data_tfds", "run_regenerate"]
+           "cmd_data_regenerate", "cmd_data_self_prompts", "cmd_data_stats", "cmd_data_tfds", "run_regenerate"]
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -46,6 +46,13 @@ def _top_p(text: str) -> float:
     try:
         return parse_finite(text, "value", minimum=0.0, strict=True, maximum=1.0,
                             example="0.95")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("value: ")) from None
+
+
+def _positive(text: str) -> float:
+    try:
+        return parse_finite(text, "value", minimum=0.0, strict=True, example="1.0")
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e).removeprefix("value: ")) from None
 
@@ -88,11 +95,15 @@ def run_regenerate(model: str, out: str, *, pools: Optional[Sequence[str]] = Non
                    batch_size: int = 8, shard_size: int = 256, seed: int = 0,
                    max_shards: Optional[int] = None, dtype: str = "float32",
                    system: Optional[str] = None, progress: bool = True,
-                   prompts_from: Optional[str] = None, mesh: Optional[str] = None) -> dict:
+                   prompts_from: Optional[str] = None, mesh: Optional[str] = None,
+                   prompts_file: Optional[str] = None) -> dict:
     """Load the target, pick the training prompts, regenerate (or resume) into `out`.
 
     prompts_from: "CORPUS:A:B" answers the prompts of that corpus's shards A .. B-1
     instead of the training pools (e.g. a held-out range again at another temperature).
+    prompts_file: a JSONL of text prompts (or a `dblast data self-prompts` folder) answered
+    instead of the pools, in its order, after dropping repeats and any prompt that overlaps
+    an evaluation set.
     mesh: "data,fsdp,tensor" over this process's devices (e.g. "-1,1,1": batches over
     every local device). Several processes (`dblast_jax.distributed.initialize` called
     first) share the shards; each calls this with the same arguments."""
@@ -103,7 +114,14 @@ def run_regenerate(model: str, out: str, *, pools: Optional[Sequence[str]] = Non
     # a folder of other files is refused before the target loads (every process alike)
     check_output_folder(out, "corpus", "--out")
     generation.check_target_source(model)  # before the prompt pools are read or fetched
-    if prompts_from:
+    if prompts_from and prompts_file:
+        raise ValueError("--prompts-from and --prompts-file both replace the training pools: "
+                         "give one")
+    if prompts_file:
+        if pools:
+            raise ValueError("--prompts-file replaces the training pools: drop --pools")
+        prompts, dropped = _file_prompts(prompts_file, limit)
+    elif prompts_from:
         if pools or limit is not None or system:
             raise ValueError("--prompts-from replaces the training pools: drop --pools / "
                              "--limit / --system (the prompts are already templated)")
@@ -127,6 +145,32 @@ def run_regenerate(model: str, out: str, *, pools: Optional[Sequence[str]] = Non
     return manifest
 
 
+def _file_prompts(path: str, limit: Optional[int]) -> tuple[list, list]:
+    """A prompt file's prompts, deduplicated, without those overlapping an evaluation set."""
+    from dblast_jax.data.self_prompts import read_prompt_file
+    evals = [p for n in sources.EVAL_SETS for p in sources.load_prompts(n)]
+    kept, dropped = dedup.remove_overlaps(dedup.dedup_prompts(read_prompt_file(path)), evals)
+    return kept[:limit] if limit is not None else kept, dropped
+
+
+def cmd_data_self_prompts(args) -> int:
+    from dblast_jax.data.self_prompts import (SelfPromptConfig, sample_self_prompts,
+                                              target_batch_sampler)
+    cfg = SelfPromptConfig(seed=args.seed, temperature=args.temperature, top_p=args.top_p,
+                           max_query_tokens=args.max_query_tokens,
+                           batch_size=args.batch_size, system=args.system)
+    check_output_folder(args.out, "self-prompts", "--out")
+    generation.check_target_source(args.model)
+    target = generation.load_target(args.model, dtype=dtype_from_name(args.dtype))
+    summary = sample_self_prompts(args.out, args.count, target_batch_sampler(target, cfg),
+                                  target.tokenizer.decode, cfg=cfg,
+                                  progress=not args.no_progress)
+    print(f"{args.out}: {summary['kept']} prompts from {summary['sampled']} samples "
+          f"({summary['batches']} batches); dropped: "
+          + ", ".join(f"{k} {v}" for k, v in summary["dropped"].items()))
+    return 0
+
+
 def cmd_data_regenerate(args) -> int:
     initialize_from(args)
     manifest = run_regenerate(
@@ -136,7 +180,7 @@ def cmd_data_regenerate(args) -> int:
         max_prompt_tokens=args.max_prompt_tokens, batch_size=args.batch_size,
         shard_size=args.shard_size, seed=args.seed, max_shards=args.max_shards,
         dtype=args.dtype, system=args.system, progress=not args.no_progress,
-        prompts_from=args.prompts_from, mesh=args.mesh)
+        prompts_from=args.prompts_from, mesh=args.mesh, prompts_file=args.prompts_file)
     if jax.process_index() != 0:
         return 0
     t = manifest["totals"]
@@ -204,6 +248,10 @@ def add_data_subcommands(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--prompts-from", metavar="CORPUS:A:B",
                    help="answer the prompts of corpus shards A .. B-1 instead of the pools "
                         "(a held-out set sampled at another temperature)")
+    p.add_argument("--prompts-file", metavar="FILE.jsonl",
+                   help="answer these text prompts instead of the pools: one {\"turns\": "
+                        "[...]} or {\"prompt\": ...} per line, or a `dblast data "
+                        "self-prompts` folder")
     p.add_argument("--gen-temperatures", type=_floats, default=(1.0,),
                    help="comma-separated sampling temperatures (one answer per prompt each)")
     p.add_argument("--verify-temperatures", type=_floats_or_none, default=(1.0,),
@@ -227,6 +275,26 @@ def add_data_subcommands(subparsers) -> argparse.ArgumentParser:
                         "log-probs agree to float rounding)")
     add_cluster_args(p, "the shards are shared out, --out must be one shared folder")
     p.set_defaults(func=cmd_data_regenerate)
+
+    p = sub.add_parser("self-prompts", help="new training prompts written by the target "
+                       "(user queries sampled from its chat template; resumable)")
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--out", required=True, help="folder for prompts.jsonl + state.json "
+                   "(re-run to resume, or with a larger --count to extend)")
+    p.add_argument("--count", type=_count, required=True, help="prompts to keep")
+    p.add_argument("--seed", type=_nonneg, default=0)
+    p.add_argument("--temperature", type=_positive, default=1.0,
+                   help="sampling temperature of the queries (> 0)")
+    p.add_argument("--top-p", type=_top_p, default=1.0,
+                   help="nucleus filter (it sorts the vocabulary every step: ~4x slower "
+                        "on CPU; the unfinished-query filter already drops most rambling)")
+    p.add_argument("--max-query-tokens", type=_count, default=128,
+                   help="a query the target has not ended by then is dropped")
+    p.add_argument("--batch-size", type=_count, default=16)
+    p.add_argument("--system", help="system message (default: the template's own)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_data_self_prompts)
 
     p = sub.add_parser("merge", help="one corpus from shard ranges of several (e.g. more "
                        "answers to the same prompts, made in another folder)")

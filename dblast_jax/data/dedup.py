@@ -23,8 +23,8 @@ from typing import Iterable, Sequence
 from dblast_jax.data import sources
 from dblast_jax.data.sources import Prompt
 
-__all__ = ["normalize", "text_hash", "Overlap", "OverlapError", "find_overlaps",
-           "check_disjoint", "remove_overlaps", "dedup_prompts"]
+__all__ = ["normalize", "text_hash", "Overlap", "OverlapError", "OverlapIndex",
+           "find_overlaps", "check_disjoint", "remove_overlaps", "dedup_prompts"]
 
 _NON_WORD = re.compile(r"[\W_]+", re.UNICODE)
 DEFAULT_NGRAM = 13
@@ -62,34 +62,48 @@ class OverlapError(ValueError):
                          "sets (drop them with remove_overlaps):\n" + "\n".join(lines) + more)
 
 
+class OverlapIndex:
+    """The evaluation side of `find_overlaps`, built once: checking many small batches of
+    training prompts against the same large set (self-written prompts, batch by batch)
+    would otherwise re-index it every time."""
+
+    def __init__(self, evals: Sequence[Prompt], ngram: int = DEFAULT_NGRAM):
+        self.ngram = ngram
+        self.exact: dict[str, tuple[str, str]] = {}
+        self.grams: dict[int, tuple[str, str]] = {}
+        for p in evals:
+            for turn in p.turns:
+                norm = normalize(turn)
+                key = (f"{p.source}/{p.id}", turn[:80])
+                self.exact.setdefault(hashlib.sha1(norm.encode()).hexdigest(), key)
+                if ngram > 0:
+                    for g in _ngrams(norm.split(), ngram):
+                        self.grams.setdefault(g, key)
+
+    def find(self, train: Sequence[Prompt]) -> list[Overlap]:
+        """Every training prompt that shares a turn or an n-gram with the indexed set."""
+        found: list[Overlap] = []
+        for p in train:
+            name = f"{p.source}/{p.id}"
+            for turn in p.turns:
+                norm = normalize(turn)
+                hit = self.exact.get(hashlib.sha1(norm.encode()).hexdigest())
+                if hit:
+                    found.append(Overlap(name, hit[0], "exact", hit[1]))
+                    break
+                if self.ngram > 0:
+                    g_hit = next((self.grams[g] for g in _ngrams(norm.split(), self.ngram)
+                                  if g in self.grams), None)
+                    if g_hit:
+                        found.append(Overlap(name, g_hit[0], "ngram", g_hit[1]))
+                        break
+        return found
+
+
 def find_overlaps(train: Sequence[Prompt], evals: Sequence[Prompt],
                   ngram: int = DEFAULT_NGRAM) -> list[Overlap]:
     """Every (training prompt, evaluation prompt) pair that shares a turn or an n-gram."""
-    exact: dict[str, tuple[str, str]] = {}
-    grams: dict[int, tuple[str, str]] = {}
-    for p in evals:
-        for turn in p.turns:
-            norm = normalize(turn)
-            key = (f"{p.source}/{p.id}", turn[:80])
-            exact.setdefault(hashlib.sha1(norm.encode()).hexdigest(), key)
-            if ngram > 0:
-                for g in _ngrams(norm.split(), ngram):
-                    grams.setdefault(g, key)
-    found: list[Overlap] = []
-    for p in train:
-        name = f"{p.source}/{p.id}"
-        for turn in p.turns:
-            norm = normalize(turn)
-            hit = exact.get(hashlib.sha1(norm.encode()).hexdigest())
-            if hit:
-                found.append(Overlap(name, hit[0], "exact", hit[1]))
-                break
-            if ngram > 0:
-                g_hit = next((grams[g] for g in _ngrams(norm.split(), ngram) if g in grams), None)
-                if g_hit:
-                    found.append(Overlap(name, g_hit[0], "ngram", g_hit[1]))
-                    break
-    return found
+    return OverlapIndex(evals, ngram).find(train)
 
 
 def check_disjoint(train: Sequence[Prompt], evals: Sequence[Prompt],

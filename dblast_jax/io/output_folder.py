@@ -94,6 +94,9 @@ KINDS = {
         "manifest.json", _corpus_manifest),
     "feature cache": FolderKind(
         "feature cache", "feature cache folder", (_HEX16,), ".", _feature_cache),
+    "self-prompts": FolderKind(
+        "self-written prompts", "self-prompts folder", ("prompts.jsonl", "state.json"),
+        "state.json", lambda p: _json_with(p, "format", "settings", "kept")),
     "evaluation": FolderKind(
         "evaluation", "evaluation folder",
         ("rows.jsonl", "rows.process-*.jsonl", "run_config.json", "results.json",
