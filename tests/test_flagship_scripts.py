@@ -29,7 +29,8 @@ def _run_with_stand_ins(script, bin_dir, log, env_vars):
     """Run a flagship script with the stand-ins of bin_dir first on PATH and no leg
     settings inherited; (the finished process, the calls the stand-ins recorded)."""
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
-    for k in ("DATA", "STEPS", "SEQ_LEN", "DATA_SHARDS", "LAYERS", "K", "LR", "CHAIN_STEPS"):
+    for k in ("DATA", "STEPS", "SEQ_LEN", "DATA_SHARDS", "LAYERS", "K", "LR", "CHAIN_STEPS",
+              "USE_PASS"):
         env.pop(k, None)
     env.update(env_vars)
     done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
@@ -136,6 +137,43 @@ def test_a_second_sampling_seed_adds_passes_four_to_six(tmp_path, seed2, legs, s
     assert done.returncode == 0, done.stderr
     assert calls[0].split()[5:7] == ["corpora/smollm2_t0:0:68", sampled]
     assert calls[0].split()[4] == data
+
+
+_LEGS_1_10 = _LEGS_1_7 + [f"runs/corpora/smollm2_t0_t1pass{p}" for p in (4, 2, 3)]
+
+
+@pytest.mark.parametrize("self_r0, legs, use, sampled, data", [
+    # an unfinished self-prompt round is not a pass yet
+    (67, _LEGS_1_10, None, "corpora/smollm2_t1_more_seed2:68:136",
+     "runs/corpora/smollm2_t0_t1pass5"),
+    # never used, and newer than every sampled pass: it comes first
+    (68, _LEGS_1_10, None, "corpora/smollm2_self_t1_r0:0:68",
+     "runs/corpora/smollm2_t0_t1self0"),
+    # once used, the unused sampled pass 5 comes next
+    (68, _LEGS_1_10 + ["runs/corpora/smollm2_t0_t1self0"], None,
+     "corpora/smollm2_t1_more_seed2:68:136", "runs/corpora/smollm2_t0_t1pass5"),
+    # picked by hand
+    (68, _LEGS_1_10, "5", "corpora/smollm2_t1_more_seed2:68:136",
+     "runs/corpora/smollm2_t0_t1pass5"),
+    (68, _LEGS_1_10, "2", "corpora/smollm2_t1_more:68:136", "runs/corpora/smollm2_t0_t1pass2"),
+])
+def test_self_prompt_passes_join_the_rotation(tmp_path, self_r0, legs, use, sampled, data):
+    _corpus(tmp_path / "corpora" / "smollm2_t0", range(72))
+    _corpus(tmp_path / "corpora" / "smollm2_t1_more", range(204))
+    _corpus(tmp_path / "corpora" / "smollm2_t1_more_seed2", range(136))
+    _corpus(tmp_path / "corpora" / "smollm2_self_t1_r0", range(self_r0))
+    _legs(tmp_path, legs)
+    done, calls = _run(tmp_path, **({"USE_PASS": use} if use else {}))
+    assert done.returncode == 0, done.stderr
+    assert calls[0].split()[4:7] == [data, "corpora/smollm2_t0:0:68", sampled]
+
+
+def test_a_pass_picked_by_hand_must_be_complete(tmp_path):
+    _corpus(tmp_path / "corpora" / "smollm2_t0", range(72))
+    _corpus(tmp_path / "corpora" / "smollm2_self_t1_r0", range(67))
+    done, calls = _run(tmp_path, USE_PASS="s0")
+    assert done.returncode != 0 and calls == []
+    assert "USE_PASS=s0 is not a complete pass; complete: 0" in done.stderr
 
 
 def test_a_started_leg_resumes_on_its_own_corpus_without_merging(tmp_path):
@@ -563,3 +601,35 @@ def test_a_bad_sampling_seed_is_refused(tmp_path):
                                                 "grow_sampled_corpus.sh")],
                           env=dict(os.environ, SEED="0"), capture_output=True, text=True)
     assert done.returncode == 2 and "seed 0 made corpora/smollm2_t1" in done.stderr
+
+
+@pytest.mark.parametrize("round_", [None, "3"])
+def test_each_self_prompt_round_writes_its_prompts_then_answers_them(tmp_path, round_):
+    flagship = tmp_path / "experiments" / "flagship"
+    flagship.mkdir(parents=True)
+    shutil.copy(os.path.join(ROOT, "experiments", "flagship", "grow_self_prompt_corpus.sh"),
+                flagship)
+    log, bin_dir = tmp_path / "calls.txt", tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "dblast").write_text(f'#!/bin/sh\necho "dblast $*" >> {shlex.quote(str(log))}\n')
+    (bin_dir / "dblast").chmod(0o755)
+    done, calls = _run_with_stand_ins(flagship / "grow_self_prompt_corpus.sh", bin_dir, log,
+                                      {"ROUND": round_} if round_ else {})
+    assert done.returncode == 0, done.stderr
+    r = round_ or "0"
+    prompts, answers = (c.split() for c in calls)
+    assert prompts[:5] == ["dblast", "data", "self-prompts", "--out",
+                           f"corpora/smollm2_self_prompts_r{r}"]
+    assert prompts[prompts.index("--seed") + 1] == r
+    assert prompts[prompts.index("--count") + 1] == "2176"
+    assert answers[:5] == ["dblast", "data", "regenerate", "--out",
+                           f"corpora/smollm2_self_t1_r{r}"]
+    assert answers[answers.index("--prompts-file") + 1] == f"corpora/smollm2_self_prompts_r{r}"
+    assert answers[answers.index("--shard-size") + 1] == "32"
+
+
+def test_a_bad_self_prompt_round_is_refused(tmp_path):
+    done = subprocess.run(["bash", os.path.join(ROOT, "experiments", "flagship",
+                                                "grow_self_prompt_corpus.sh")],
+                          env=dict(os.environ, ROUND="x"), capture_output=True, text=True)
+    assert done.returncode == 2 and "ROUND must be 0-9" in done.stderr

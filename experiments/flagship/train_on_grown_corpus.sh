@@ -29,6 +29,11 @@
 # (tokens only) and the feature cache computes the log-probs at T_v that the AL tracking
 # reads, in the pass that writes the taps.
 #
+# Self-prompt passes (grow_self_prompt_corpus.sh: one T = 1.0 answer to each of 2,176
+# prompts the target wrote itself, round R in corpora/smollm2_self_t1_rR) join the rotation
+# as pass sR once their 68 shards are finished; among passes never used they come after
+# the sampled ones (newest first). USE_PASS=s0 (or 5, ...) picks a complete pass by hand.
+#
 # A leg keeps the corpus it started on (its leg.json), so a killed leg resumes on the same
 # data. The merged folders are named by what they hold (smollm2_t0_t1pass1, ...).
 #
@@ -87,6 +92,12 @@ PASSES=$(echo "0 corpora/smollm2_t1:0:68"
         echo "$(( 3 * (s - 1) + j + 1 )) $folder:$(( 68 * j )):$(( 68 * (j + 1) ))"
       fi
     done
+  done
+  for r in 0 1 2 3 4 5 6 7 8 9; do
+    folder=corpora/smollm2_self_t1_r$r
+    if [ -d $folder ] && [ $(finished $folder) -ge 68 ]; then
+      echo "s$r $folder:0:68"
+    fi
   done)
 # the least used complete sampled pass; on a tie the one used longest ago, and among passes
 # never used the newest (after leg 8 on pass 4, passes 2-4 had one leg each, and "the
@@ -96,9 +107,17 @@ PASSES=$(echo "0 corpora/smollm2_t1:0:68"
 # the 1-layer K = 1 chain (depth, mixture) counts the 1-layer legs its weights hold too:
 # those its first leg recorded (trunk_legs), or, before its first leg, every finished one.
 # Its depth leg 2 took a pass its trunk had used twice, and lost 3.3% (research log 13).
-PASS=$(PASSES="$PASSES" python -c "
-import json, os, re
-passes = [int(line.split()[0]) for line in os.environ['PASSES'].splitlines()]
+PASS=$(PASSES="$PASSES" USE_PASS="${USE_PASS:-}" python -c "
+import json, os, re, sys
+passes = [line.split()[0] for line in os.environ['PASSES'].splitlines()]
+if os.environ['USE_PASS']:
+    if os.environ['USE_PASS'] not in passes:
+        sys.exit(f\"USE_PASS={os.environ['USE_PASS']} is not a complete pass; complete: \"
+                 f\"{' '.join(passes)}\")
+    print(os.environ['USE_PASS'])
+    sys.exit()
+# sampled passes 0, 1, ... then self-prompt passes s0, s1, ...: the later, the newer
+newness = lambda p: (1, int(p[1:])) if p.startswith('s') else (0, int(p))
 used = dict.fromkeys(passes, 0)
 read = lambda path: [json.loads(l) for l in open(path)] if os.path.exists(path) else []
 last = dict.fromkeys(passes, -1)  # the index of the last leg that used each pass
@@ -109,13 +128,18 @@ if '$KEEP' != 'experiments/flagship/k1':  # the trunk's legs came first
 for i, row in enumerate(rows):
     data = row.get('data', 'corpora/smollm2_t1')
     one, every = re.search(r't1pass(\d+)$', data), re.search(r'_more(\d+)$', data)
-    for p in [int(one.group(1))] if one else range(1 + int(every.group(1)) if every else 1):
+    own = re.search(r't1self(\d+)$', data)
+    for p in ([one.group(1)] if one else ['s' + own.group(1)] if own else
+              [str(i) for i in range(1 + int(every.group(1)) if every else 1)]):
         if p in used:
             used[p] += 1
             last[p] = i
-print(min(passes, key=lambda p: (used[p], last[p], -p)))")
+print(min(passes, key=lambda p: (used[p], last[p], [-x for x in newness(p)])))")
 SAMPLED=$(echo "$PASSES" | awk -v p=$PASS '$1 == p {print $2}')
-DATA=runs/corpora/smollm2_t0_t1pass$PASS
+case "$PASS" in
+  s*) DATA=runs/corpora/smollm2_t0_t1self${PASS#s} ;;
+  *) DATA=runs/corpora/smollm2_t0_t1pass$PASS ;;
+esac
 echo "leg $LEG of $KEEP: merging $GREEDY:0:68 $SAMPLED into $DATA"
 dblast data merge --out $DATA $GREEDY:0:68 $SAMPLED --exclude-prompts-of corpora/smollm2_t1:68:72
 export DATA DATA_SHARDS=0 STEPS=${STEPS:-8000} SEQ_LEN=${SEQ_LEN:-384}
