@@ -1,11 +1,11 @@
 """Training prompts the target writes itself: new user queries, sampled from its chat template.
 
-Why: a drafter learns the prompts it is trained on, not prompts in general. More answers
-to the same ~2,200 training prompts raise its acceptance on *those* prompts' fresh
-answers, not on held-out prompts (research log section 19), and the pinned prompt pools
-are used up. An instruct model given its chat template up to the start of a user turn
-writes a plausible user query (the "Magpie" observation), so the target can supply as many
-distinct prompts as we sample, in its own domain, at the cost of a short generation each.
+Why: a drafter is trained on target-written answers, and the answers are only as varied
+as the prompts behind them. A user's own prompt pool may be small, and this project's
+pinned pools are used up (~2,300 prompts). An instruct model given its chat template up
+to the start of a user turn writes a plausible user query (the "Magpie" observation), so
+the target can supply as many distinct prompts as we sample, in its own domain, at the
+cost of a short generation each (~1.4 s per kept query for SmolLM2-135M on one CPU core).
 
 The queries are kept only when the target ended them itself (a stop token before the
 length limit), they hold no special token, they are new (normalised text, `dedup`), and

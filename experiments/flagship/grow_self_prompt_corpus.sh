@@ -8,10 +8,12 @@
 #     bash experiments/flagship/grow_self_prompt_corpus.sh            # round 0: start / resume
 #     ROUND=1 bash experiments/flagship/grow_self_prompt_corpus.sh    # the next 2,176 prompts
 #
-# Why: the 1-layer chain accepts more on fresh answers to its training prompts than on
-# held-out prompts, and more answers to the same prompts have not moved held-out
-# acceptance (research log section 19); the pinned pools are used up. Each round is one
-# sampling seed: corpora/smollm2_self_prompts_rR (prompts.jsonl, ~0.4 MB) and
+# Why: new prompts are the one kind of fresh data the pinned pools cannot give (they are
+# used up). Research log section 19 found that at today's scale the drafters accept as
+# much on fresh answers to their training prompts as on held-out prompts, so a round here
+# is expected to be worth about as much as a sampled pass (grow_sampled_corpus.sh), at
+# ~25% more CPU; it is the recipe for when the prompts, not the answers, run out. Each
+# round is one sampling seed: corpora/smollm2_self_prompts_rR (prompts.jsonl, ~0.4 MB) and
 # corpora/smollm2_self_t1_rR (its answers). Both steps resume after a kill, keeping every
 # finished batch / shard; commit the folders as they grow. Cost on one niced core beside
 # training: ~1.4 s per kept query (about 60% of samples end within 128 tokens) and
