@@ -125,9 +125,10 @@ def test_corrupt_cache_and_unusable_settings_are_refused(corpus, tmp_path):
 
 
 @pytest.mark.parametrize("teacher_topk", [0, 4])
-def test_a_grown_source_reuses_the_rows_of_its_prefix(corpus, tmp_path, teacher_topk):
-    """A grown corpus (the old records first, then new ones) gets its own cache, which
-    starts from the old cache's rows: only the new records go through the target."""
+def test_a_grown_or_merged_source_reuses_every_cached_record(corpus, tmp_path, teacher_topk):
+    """A grown corpus (the old records first, then new ones), or a merge that holds cached
+    records anywhere, gets its own cache whose rows of cached records are copied: only the
+    new records go through the target."""
     tcfg, tparams, name = tiny_target()
     records = [_source(corpus)[i] for i in range(37)]
     head = (tparams["embed"]["embedding"], "vh") if teacher_topk else None
@@ -150,18 +151,37 @@ def test_a_grown_source_reuses_the_rows_of_its_prefix(corpus, tmp_path, teacher_
     logs.clear()
     grown = build(Counted(records), tmp_path / "grown")
     assert grown.folder != small.folder
-    assert any("reused the taps of its first 20 records" in s for s in logs), logs
+    assert any("20 of its 37 records to go are in sibling caches" in s for s in logs), logs
     assert read["n"] == 37 + 17  # the digests read every record, the target pass 17
     for i in range(37):
         np.testing.assert_array_equal(grown.taps(i), want.taps(i))
         if teacher_topk:
             for a, b in zip(grown.teacher(i), want.teacher(i)):
                 np.testing.assert_array_equal(a, b)
-    # not a prefix (another order): nothing is reused
+    # another order, and a merge of both halves with records never cached: every cached
+    # record is copied wherever it sits, only the new ones go through the target
     logs.clear()
-    shuffled = build(records[::-1], tmp_path / "grown")
-    assert not any("reused" in s for s in logs)
-    np.testing.assert_allclose(shuffled.taps(0), want.taps(36), rtol=1e-5, atol=1e-5)
+    read["n"] = 0
+    shuffled = build(Counted(records[::-1]), tmp_path / "grown")
+    assert any("37 of its 37 records to go are in sibling caches" in s for s in logs), logs
+    assert read["n"] == 37  # the digests only
+    for i in range(37):
+        np.testing.assert_array_equal(shuffled.taps(i), want.taps(36 - i))
+    # five records no cache holds: the first five with their tokens in another order
+    more = [dict(r, tokens=np.asarray(r["tokens"])[::-1].copy()) for r in records[:5]]
+    fresh_more = build(more, tmp_path / "fresh_more")
+    logs.clear()
+    read["n"] = 0
+    mixed = build(Counted(more[:2] + records[30:] + more[2:]), tmp_path / "grown")
+    assert any("7 of its 12 records to go are in sibling caches" in s for s in logs), logs
+    assert read["n"] == 12 + 5
+    for i, (cache, j) in enumerate([(fresh_more, 0), (fresh_more, 1)]
+                                   + [(want, k) for k in range(30, 37)]
+                                   + [(fresh_more, 2), (fresh_more, 3), (fresh_more, 4)]):
+        np.testing.assert_allclose(mixed.taps(i), cache.taps(j), rtol=1e-5, atol=1e-5)
+        if teacher_topk:
+            for a, b in zip(mixed.teacher(i), cache.teacher(j)):
+                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
 def _unscored(tmp_path):

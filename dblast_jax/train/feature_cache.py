@@ -22,9 +22,9 @@ Layout: `<cache folder>/<fingerprint[:16]>/` with
                    --verify-temperatures none`; it costs the pass nothing but the head)
 A changed corpus, target, tap set or seq_len gets another subfolder, so features are
 never read for records they were not computed from; an interrupted build resumes at
-`done`. A new subfolder starts from the rows of a sibling whose records are a prefix of
-its own (a grown corpus: the original shards first, then the new ones), so only the new
-records cost a target pass. Records are those of the source in index order (the trainer's
+`done`. A record a sibling cache already holds (the same first seq_len tokens, the same
+target and settings) is copied from it wherever it sits: a grown corpus, or a merge of
+passes cached before, costs a target pass only for its new records. Records are those of the source in index order (the trainer's
 input pipeline, `data/pipeline.py`, picks indices into the same source).
 
 The cache folder must be local (or a gcsfuse mount): the taps are read through
@@ -95,18 +95,20 @@ _RECORD_FIELDS = ("records", "records_digest")
 DIGESTS_FILE = "record_digests.npy"
 
 
-def _reuse_prefix(folder: Path, sub: Path, meta: dict, digests: np.ndarray,
-                  arrays: dict[str, np.ndarray]) -> tuple[int, Optional[Path]]:
-    """Copy the rows of the longest common record prefix from a sibling cache.
+def _rows_in_siblings(folder: Path, sub: Path, meta: dict, digests: np.ndarray
+                      ) -> dict[int, tuple[Path, int]]:
+    """Rows of this cache whose record a sibling cache already holds: {row: (sibling, its
+    row)}.
 
-    Why: a growing corpus (a merge of the original shards, then more) is a new source each
-    time, so it gets a new cache; its first records are those of the last one, whose taps
-    cost a target pass each. A sibling qualifies when everything but its records matches
-    (target, taps, seq_len, dtype, teacher, log-probs) and it kept its per-record digests;
-    its first `done` rows are final (written in index order). `arrays`: file name -> the
-    new cache's memory map. Returns (rows copied, the sibling)."""
+    Why: every flagship leg merges the greedy answers with other sampled passes, so each
+    merge is a new source with a cache of its own, while most of its records are in the
+    caches of earlier merges (the greedy half in all of them; a leg on several passes has
+    each pass in an earlier one-pass cache). A record's taps depend on its first seq_len
+    tokens alone, so a row is reusable wherever it sits. A sibling qualifies when
+    everything but its records matches (target, taps, seq_len, dtype, teacher, log-probs)
+    and it kept its per-record digests; its first `done` rows are final."""
     want = {k: v for k, v in meta.items() if k not in _RECORD_FIELDS}
-    best, best_sub = 0, None
+    held: dict[bytes, tuple[Path, int]] = {}
     for other in sorted(p for p in folder.iterdir() if p.is_dir() and p != sub):
         try:
             ometa = json.loads((other / "meta.json").read_text())
@@ -116,21 +118,23 @@ def _reuse_prefix(folder: Path, sub: Path, meta: dict, digests: np.ndarray,
             continue  # not a cache, an old one without digests, or unreadable: skip it
         if {k: v for k, v in ometa.items() if k not in _RECORD_FIELDS} != want:
             continue
-        m = min(done, len(odig), len(digests))
-        same = np.all(odig[:m] == digests[:m], axis=1)
-        m = int(m if same.all() else np.argmin(same))
-        if m > best:
-            best, best_sub = m, other
-    if not best:
-        return 0, None
-    sources = [np.load(best_sub / name, mmap_mode="r") for name in arrays]
-    step = 64
-    for lo in range(0, best, step):
-        for src, dst in zip(sources, arrays.values()):
-            dst[lo:min(best, lo + step)] = src[lo:min(best, lo + step)]
-    for dst in arrays.values():
-        dst.flush()
-    return best, best_sub
+        for j in range(min(done, len(odig))):
+            held.setdefault(odig[j].tobytes(), (other, j))
+    return {i: held[d.tobytes()] for i, d in enumerate(digests) if d.tobytes() in held}
+
+
+def _copy_rows(rows: dict[int, tuple[Path, int]], arrays: dict[str, np.ndarray]) -> None:
+    """Copy {row: (sibling, its row)} from the siblings' files into `arrays`."""
+    by_sibling: dict[Path, list[tuple[int, int]]] = {}
+    for row, (other, j) in rows.items():
+        by_sibling.setdefault(other, []).append((row, j))
+    for other, pairs in by_sibling.items():
+        dst_rows = np.asarray([r for r, _ in pairs])
+        src_rows = np.asarray([j for _, j in pairs])
+        for name, dst in arrays.items():
+            src = np.load(other / name, mmap_mode="r")
+            for lo in range(0, len(pairs), 64):  # ~140 MB of taps at a time
+                dst[dst_rows[lo:lo + 64]] = src[src_rows[lo:lo + 64]]
 
 
 def params_digest(params: Any, sample: int = 4096) -> str:
@@ -359,11 +363,13 @@ def build_feature_cache(source: Any, target_config: TargetConfig, target_params:
         with open(tmp, "wb") as f:
             np.save(f, digests)
         os.replace(tmp, sub / DIGESTS_FILE)
-        done, other = _reuse_prefix(Path(folder), sub, meta, digests, arrays)
-        if done:
-            log(f"feature cache {sub}: reused the taps of its first {done} records from "
-                f"{other} (the same records in the same order)")
-        _atomic_json(prog_path, {"done": done, "complete": done == n})
+    reusable = _rows_in_siblings(Path(folder), sub, meta, digests)
+    if any(i >= done for i in reusable):
+        ahead = sum(i >= done for i in reusable)
+        log(f"feature cache {sub}: {ahead} of its {n - done} records to go are in sibling "
+            f"caches ({', '.join(sorted({o.name for o, _ in reusable.values()}))}): their "
+            f"rows are copied, {n - done - ahead} go through the target")
+    _atomic_json(prog_path, {"done": done, "complete": done == n})
 
     taps = arrays["taps.npy"]
     layers = tuple(meta["tap_layers"])
@@ -397,7 +403,11 @@ def build_feature_cache(source: Any, target_config: TargetConfig, target_params:
         # its batch's width they hold zeros, the teacher's empty entries, log-prob 0).
         # `done` moves a window at a time, so a killed build redoes at most one window.
         stop = min(done + window, n)
-        recs = {i: source[i] for i in range(done, stop)}
+        copied = {i: reusable[i] for i in range(done, stop) if i in reusable}
+        _copy_rows(copied, arrays)
+        if bar is not None:
+            bar.update(len(copied))
+        recs = {i: source[i] for i in range(done, stop) if i not in reusable}
         used = {i: min(len(r["tokens"]), seq_len) for i, r in recs.items()}
         order = sorted(recs, key=lambda i: (used[i], i))
         for lo in range(0, len(order), batch_size):
