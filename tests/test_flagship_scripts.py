@@ -148,9 +148,9 @@ _LEGS_1_10 = _LEGS_1_7 + [f"runs/corpora/smollm2_t0_t1pass{p}" for p in (4, 2, 3
      "runs/corpora/smollm2_t0_t1pass5"),
     # never used, and newer than every sampled pass: it comes first
     (68, _LEGS_1_10, None, "corpora/smollm2_self_t1_r0:0:68",
-     "runs/corpora/smollm2_t0_t1self0"),
+     "runs/corpora/smollm2_t0_t1passs0"),
     # once used, the unused sampled pass 5 comes next
-    (68, _LEGS_1_10 + ["runs/corpora/smollm2_t0_t1self0"], None,
+    (68, _LEGS_1_10 + ["runs/corpora/smollm2_t0_t1passs0"], None,
      "corpora/smollm2_t1_more_seed2:68:136", "runs/corpora/smollm2_t0_t1pass5"),
     # picked by hand
     (68, _LEGS_1_10, "5", "corpora/smollm2_t1_more_seed2:68:136",
@@ -168,12 +168,48 @@ def test_self_prompt_passes_join_the_rotation(tmp_path, self_r0, legs, use, samp
     assert calls[0].split()[4:7] == [data, "corpora/smollm2_t0:0:68", sampled]
 
 
+@pytest.mark.parametrize("legs, use, sources, data", [
+    # several passes by hand, in the order given
+    (_LEGS_1_10, "4,5", ["corpora/smollm2_t1_more_seed2:0:68",
+                         "corpora/smollm2_t1_more_seed2:68:136"],
+     "runs/corpora/smollm2_t0_t1pass4_5"),
+    (_LEGS_1_10, "s0,0", ["corpora/smollm2_self_t1_r0:0:68", "corpora/smollm2_t1:0:68"],
+     "runs/corpora/smollm2_t0_t1passs0_0"),
+    # a leg on several passes counts for each: after 4+5 and s0, pass 5 and s0 are used
+    # once like 4, and the passes of legs 1-10 more
+    (_LEGS_1_10 + ["runs/corpora/smollm2_t0_t1pass4_5", "runs/corpora/smollm2_t0_t1passs0"],
+     None, ["corpora/smollm2_t1_more_seed2:68:136"], "runs/corpora/smollm2_t0_t1pass5"),
+])
+def test_a_leg_may_take_several_passes(tmp_path, legs, use, sources, data):
+    _corpus(tmp_path / "corpora" / "smollm2_t0", range(72))
+    _corpus(tmp_path / "corpora" / "smollm2_t1_more", range(204))
+    _corpus(tmp_path / "corpora" / "smollm2_t1_more_seed2", range(136))
+    _corpus(tmp_path / "corpora" / "smollm2_self_t1_r0", range(68))
+    _legs(tmp_path, legs)
+    done, calls = _run(tmp_path, **({"USE_PASS": use} if use else {}))
+    assert done.returncode == 0, done.stderr
+    assert calls[0].split()[4:] == [data, "corpora/smollm2_t0:0:68", *sources,
+                                    "--exclude-prompts-of", "corpora/smollm2_t1:68:72"]
+
+
+@pytest.mark.parametrize("use, message", [
+    ("4,9", "USE_PASS=4,9: 9 not a complete pass; complete: 0 1 2 3 4"),
+    ("4,4", "USE_PASS=4,4: a pass named twice")])
+def test_passes_picked_by_hand_are_checked(tmp_path, use, message):
+    _corpus(tmp_path / "corpora" / "smollm2_t0", range(72))
+    _corpus(tmp_path / "corpora" / "smollm2_t1_more", range(204))
+    _corpus(tmp_path / "corpora" / "smollm2_t1_more_seed2", range(68))
+    done, calls = _run(tmp_path, USE_PASS=use)
+    assert done.returncode != 0 and calls == []
+    assert message in done.stderr
+
+
 def test_a_pass_picked_by_hand_must_be_complete(tmp_path):
     _corpus(tmp_path / "corpora" / "smollm2_t0", range(72))
     _corpus(tmp_path / "corpora" / "smollm2_self_t1_r0", range(67))
     done, calls = _run(tmp_path, USE_PASS="s0")
     assert done.returncode != 0 and calls == []
-    assert "USE_PASS=s0 is not a complete pass; complete: 0" in done.stderr
+    assert "USE_PASS=s0: s0 not a complete pass; complete: 0" in done.stderr
 
 
 def test_a_started_leg_resumes_on_its_own_corpus_without_merging(tmp_path):

@@ -32,7 +32,11 @@
 # Self-prompt passes (grow_self_prompt_corpus.sh: one T = 1.0 answer to each of 2,176
 # prompts the target wrote itself, round R in corpora/smollm2_self_t1_rR) join the rotation
 # as pass sR once their 68 shards are finished; among passes never used they come after
-# the sampled ones (newest first). USE_PASS=s0 (or 5, ...) picks a complete pass by hand.
+# the sampled ones (newest first). USE_PASS=s0 (or 5, ...) picks a complete pass by hand,
+# USE_PASS=0,1,2,3,4 several at once: the leg then reads each answer fewer times for the
+# same steps (research log 19: a one-pass leg reads each ~5.6 times and memorises its
+# pass), and the feature cache copies every record an earlier leg's cache holds, so only
+# passes never cached cost a target pass.
 #
 # A leg keeps the corpus it started on (its leg.json), so a killed leg resumes on the same
 # data. The merged folders are named by what they hold (smollm2_t0_t1pass1, ...).
@@ -111,10 +115,13 @@ PASS=$(PASSES="$PASSES" USE_PASS="${USE_PASS:-}" python -c "
 import json, os, re, sys
 passes = [line.split()[0] for line in os.environ['PASSES'].splitlines()]
 if os.environ['USE_PASS']:
-    if os.environ['USE_PASS'] not in passes:
-        sys.exit(f\"USE_PASS={os.environ['USE_PASS']} is not a complete pass; complete: \"
-                 f\"{' '.join(passes)}\")
-    print(os.environ['USE_PASS'])
+    asked = os.environ['USE_PASS'].split(',')
+    bad = [p for p in asked if p not in passes]
+    if bad or len(set(asked)) < len(asked):
+        sys.exit(f\"USE_PASS={os.environ['USE_PASS']}: \" + (
+            f\"{','.join(bad)} not a complete pass; complete: {' '.join(passes)}\" if bad
+            else 'a pass named twice'))
+    print(' '.join(asked))
     sys.exit()
 # sampled passes 0, 1, ... then self-prompt passes s0, s1, ...: the later, the newer
 newness = lambda p: (1, int(p[1:])) if p.startswith('s') else (0, int(p))
@@ -127,19 +134,16 @@ if '$KEEP' != 'experiments/flagship/k1':  # the trunk's legs came first
     rows = (trunk[:rows[0].get('trunk_legs', 0)] if rows else trunk) + rows
 for i, row in enumerate(rows):
     data = row.get('data', 'corpora/smollm2_t1')
-    one, every = re.search(r't1pass(\d+)$', data), re.search(r'_more(\d+)$', data)
-    own = re.search(r't1self(\d+)$', data)
-    for p in ([one.group(1)] if one else ['s' + own.group(1)] if own else
+    some, every = re.search(r't1pass(s?\d+(?:_s?\d+)*)$', data), re.search(r'_more(\d+)$', data)
+    for p in (some.group(1).split('_') if some else
               [str(i) for i in range(1 + int(every.group(1)) if every else 1)]):
         if p in used:
             used[p] += 1
             last[p] = i
 print(min(passes, key=lambda p: (used[p], last[p], [-x for x in newness(p)])))")
-SAMPLED=$(echo "$PASSES" | awk -v p=$PASS '$1 == p {print $2}')
-case "$PASS" in
-  s*) DATA=runs/corpora/smollm2_t0_t1self${PASS#s} ;;
-  *) DATA=runs/corpora/smollm2_t0_t1pass$PASS ;;
-esac
+SAMPLED=$(for p in $PASS; do echo "$PASSES" | awk -v p=$p '$1 == p {print $2}'; done)
+SAMPLED=$(echo $SAMPLED)
+DATA=runs/corpora/smollm2_t0_t1pass$(echo $PASS | tr ' ' _)
 echo "leg $LEG of $KEEP: merging $GREEDY:0:68 $SAMPLED into $DATA"
 dblast data merge --out $DATA $GREEDY:0:68 $SAMPLED --exclude-prompts-of corpora/smollm2_t1:68:72
 export DATA DATA_SHARDS=0 STEPS=${STEPS:-8000} SEQ_LEN=${SEQ_LEN:-384}
