@@ -612,19 +612,24 @@ def test_eval_export_sets_the_chains_export_beside_the_shipped_drafter(tmp_path,
     assert "--temperatures 0 0.7 " in blocks and blocks.endswith(f"/{keep}/benchmarks/blocks")
 
 
-@pytest.mark.parametrize("seed, out", [(None, "corpora/smollm2_t1_more"),
-                                       ("2", "corpora/smollm2_t1_more_seed2")])
-def test_each_sampling_seed_grows_its_own_folder(tmp_path, seed, out):
+def _run_growth(tmp_path, script, env_vars):
+    """A corpus growth script in a scratch layout, with a stand-in `dblast` that records
+    its calls."""
     flagship = tmp_path / "experiments" / "flagship"
     flagship.mkdir(parents=True)
-    shutil.copy(os.path.join(ROOT, "experiments", "flagship", "grow_sampled_corpus.sh"),
-                flagship)
+    shutil.copy(os.path.join(ROOT, "experiments", "flagship", script), flagship)
     log, bin_dir = tmp_path / "calls.txt", tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "dblast").write_text(f'#!/bin/sh\necho "dblast $*" >> {shlex.quote(str(log))}\n')
     (bin_dir / "dblast").chmod(0o755)
-    done, calls = _run_with_stand_ins(flagship / "grow_sampled_corpus.sh", bin_dir, log,
-                                      {"SEED": seed} if seed else {})
+    return _run_with_stand_ins(flagship / script, bin_dir, log, env_vars)
+
+
+@pytest.mark.parametrize("seed, out", [(None, "corpora/smollm2_t1_more"),
+                                       ("2", "corpora/smollm2_t1_more_seed2")])
+def test_each_sampling_seed_grows_its_own_folder(tmp_path, seed, out):
+    done, calls = _run_growth(tmp_path, "grow_sampled_corpus.sh",
+                              {"SEED": seed} if seed else {})
     assert done.returncode == 0, done.stderr
     args = calls[0].split()
     assert args[:5] == ["dblast", "data", "regenerate", "--out", out]
@@ -641,16 +646,8 @@ def test_a_bad_sampling_seed_is_refused(tmp_path):
 
 @pytest.mark.parametrize("round_", [None, "3"])
 def test_each_self_prompt_round_writes_its_prompts_then_answers_them(tmp_path, round_):
-    flagship = tmp_path / "experiments" / "flagship"
-    flagship.mkdir(parents=True)
-    shutil.copy(os.path.join(ROOT, "experiments", "flagship", "grow_self_prompt_corpus.sh"),
-                flagship)
-    log, bin_dir = tmp_path / "calls.txt", tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "dblast").write_text(f'#!/bin/sh\necho "dblast $*" >> {shlex.quote(str(log))}\n')
-    (bin_dir / "dblast").chmod(0o755)
-    done, calls = _run_with_stand_ins(flagship / "grow_self_prompt_corpus.sh", bin_dir, log,
-                                      {"ROUND": round_} if round_ else {})
+    done, calls = _run_growth(tmp_path, "grow_self_prompt_corpus.sh",
+                              {"ROUND": round_} if round_ else {})
     assert done.returncode == 0, done.stderr
     r = round_ or "0"
     prompts, answers = (c.split() for c in calls)
