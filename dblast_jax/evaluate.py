@@ -488,13 +488,34 @@ def _overrides(drafter) -> dict:
     return dict(getattr(drafter, "sampling_overrides", None) or {})
 
 
+def weights_digest(params: Any) -> Optional[str]:
+    """sha256 (16 hex digits) of a parameter pytree's leaf paths, dtypes, shapes and bytes;
+    None for a drafter without parameters (n-gram drafting). Recorded per drafter name so
+    that a rerun into an output folder cannot take rows decoded by other weights under the
+    same name (a chain's export retrained in place) as its own."""
+    leaves = jax.tree_util.tree_leaves_with_path(params)
+    if not leaves:
+        return None
+    digest = hashlib.sha256()
+    for path, leaf in sorted(leaves, key=lambda item: jax.tree_util.keystr(item[0])):
+        digest.update(jax.tree_util.keystr(path).encode())
+        digest.update(f"{getattr(leaf, 'dtype', '')}{getattr(leaf, 'shape', '')}".encode())
+        if getattr(leaf, "is_fully_addressable", True):  # a sharded leaf: by shape only
+            digest.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
+    return digest.hexdigest()[:16]
+
+
 def _method_settings(drafter) -> dict:
-    """What run_config.json records per drafter name: its sampling overrides, and its
-    `@block=N` when it drafts a shorter block than it was trained with."""
+    """What run_config.json records per drafter name: its sampling overrides, its
+    `@block=N` when it drafts a shorter block than it was trained with, and the digest of
+    its weights."""
     block = getattr(drafter, "block_override", None)
     settings = dict(_overrides(drafter), **(getattr(drafter, "ngram_settings", None) or {}))
     if getattr(drafter, "draft_vocab", None) is not None:  # a draft-time vocabulary
         settings["draft_vocab"] = drafter.draft_vocab
+    weights = weights_digest(getattr(drafter, "params", None) or {})
+    if weights is not None:
+        settings["weights"] = weights
     return settings if block is None else dict(settings, block=block)
 
 

@@ -319,13 +319,25 @@ def test_evaluation_variants_share_a_drafter_and_use_their_own_settings(tmp_path
     result = ev.run_evaluation(target, drafters, **kwargs)
     assert seen == {"k2": {("greedy-branch", 1.0)}, "k2_mix": {("mixture", 1.0)},
                     "k2_zt": {("greedy-branch", 0.5)}}
-    assert result["meta"]["method_settings"]["k2_zt"] == {"category_temperature": 0.5}
+    settings = result["meta"]["method_settings"]
+    assert settings["k2_zt"] == {"category_temperature": 0.5,
+                                 "weights": ev.weights_digest(drafter.params)}
+    assert settings["k2"]["weights"] == settings["k2_mix"]["weights"]  # one drafter
     assert {r["drafter"] for r in result["tables"]["tau"]["rows"]} == {"k2", "k2_mix", "k2_zt"}
     # the same name with other settings would mix incomparable rows: refused
     changed = gen.named_drafters([f"k2={folder}", f"k2_mix={folder}@mode=sampled-branch"],
                                  target)
     with pytest.raises(ValueError, match="method k2_mix"):
         ev.run_evaluation(target, changed, **kwargs)
+    # other weights under the same name (an export retrained in place): refused, so the
+    # rows of the old weights are never reported as the new ones'
+    retrained = gen.init_drafter(target, drafter.config, 4)
+    other = export_drafter(retrained.params, retrained.config, tmp_path / "k2_retrained")
+    renamed = gen.named_drafters([f"k2={other}"], target)
+    rows_before = (tmp_path / "eval" / ev.ROWS_FILE).read_text()
+    with pytest.raises(ValueError, match="method k2.*weights"):
+        ev.run_evaluation(target, renamed, **kwargs)
+    assert (tmp_path / "eval" / ev.ROWS_FILE).read_text() == rows_before  # nothing lost
 
 
 def test_best_block_table_picks_the_fastest_block_per_temperature():
