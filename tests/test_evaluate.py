@@ -280,7 +280,9 @@ def test_a_shorter_block_setting_drafts_fewer_tokens_and_is_recorded(tmp_path):
     result = ev.run_evaluation(target, drafters, prompt_sets={"toy": [[3, 14, 15, 92, 65]]},
                                temperatures=(1.0,), max_new_tokens=6, out_dir=tmp_path / "eval",
                                baseline="b4", progress=False, warmup=False, plots=False)
-    assert result["meta"]["method_settings"] == {"b4": {}, "b2": {"block": 2}}
+    weights = ev.weights_digest(drafter.params)  # the same weights at either block
+    assert result["meta"]["method_settings"] == {"b4": {"weights": weights},
+                                                 "b2": {"block": 2, "weights": weights}}
     with pytest.raises(ValueError, match="method b2"):  # the same name, another block
         ev.run_evaluation(target, gen.named_drafters([f"b4={folder}", f"b2={folder}@block=3"],
                                                      target),
