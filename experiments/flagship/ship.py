@@ -24,6 +24,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "budget"))
 from curve_file import read_curve  # noqa: E402  (no flags)
 
 FLAGS = flags.FLAGS
+# this checkout's pretrained/: an editable install may import dblast_jax from another clone
+REPO_PRETRAINED = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                                "pretrained"))
 flags.DEFINE_string("keep", None, "the chain's committed folder (KEEP/drafter, "
                     "KEEP/legs.jsonl)", required=True)
 flags.DEFINE_string("name", None, "the pretrained drafter's name", required=True)
@@ -33,7 +36,9 @@ flags.DEFINE_string("target", "smollm2-135m-instruct", "the drafter's target mod
 flags.DEFINE_integer("prior_steps", 2000, "training steps of the chain's first starting "
                      "drafter (the K = 1 shipped before the flagship: 2,000; for a chain "
                      "grown from the 1-layer K = 1 chain, that chain's steps at the branch)")
-flags.DEFINE_string("root", None, "the pretrained tree (default: the repository's)")
+flags.DEFINE_string("root", None, "the pretrained tree (default: the pretrained/ of the "
+                    "repository this script is in, whichever checkout dblast_jax is "
+                    "imported from)")
 
 
 def chain_summary(keep: str, prior_steps: int) -> dict:
@@ -110,8 +115,8 @@ def main(argv):
         "training_cpu_s": chain["training_cpu_s"],
         "data": ("training: " + ", ".join(chain["datas"]) + " (merged by "
                  "experiments/flagship/train_on_grown_corpus.sh from corpora/smollm2_t0, "
-                 "corpora/smollm2_t1 and corpora/smollm2_t1_more, held-out prompts left "
-                 "out); held out: corpora/smollm2_t1 shards 68-71"),
+                 "corpora/smollm2_t1 and the grown sampled passes corpora/smollm2_t1_more*, "
+                 "held-out prompts left out); held out: corpora/smollm2_t1 shards 68-71"),
         "command": (f"{'K=' + str(k) + ' ' if k != 1 else ''}"
                     f"{'LAYERS=' + str(layers) + ' ' if layers != 1 else ''}"
                     "bash experiments/flagship/train_on_grown_corpus.sh  # the next leg; "
@@ -135,7 +140,7 @@ def main(argv):
         "chain": chain_name,
     }
     dest = pretrained.add_pretrained(FLAGS.name, FLAGS.out, target=FLAGS.target, info=info,
-                                     root=FLAGS.root)
+                                     root=FLAGS.root or REPO_PRETRAINED)
     print(f"shipped {FLAGS.keep}/drafter as pretrained:{FLAGS.name} in {dest}")
     print(json.dumps(info, indent=1))
 
