@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tarfile
 import tempfile
@@ -88,8 +89,6 @@ def check_leg(files: str, summary: dict, keep: str) -> tuple[dict, int, list[dic
 
 def record_leg(files: str, summary: dict, keep: str, corpus: dict) -> dict:
     """The device leg as KEEP's next leg (finish_leg.py's files and row)."""
-    from finish_leg import plot_learning_curve
-
     start, leg, rows = check_leg(files, summary, keep)
     train = summary["train"]
     tmp = tempfile.mkdtemp(dir=keep)
@@ -125,7 +124,10 @@ def record_leg(files: str, summary: dict, keep: str, corpus: dict) -> dict:
         f.write(json.dumps(record) + "\n")
     print(f"leg {leg}: held-out AL {record['start'].get('al_estimate'):.4f} -> "
           f"{record['end'].get('al_estimate'):.4f}; recorded in {keep}/legs.jsonl")
-    print(f"wrote {plot_learning_curve(keep, 2100.0)}")
+    # finish_leg.py in its own process: importing it here would define its absl flags in
+    # whatever process imports this module (a test run that also loads finish_leg.py)
+    subprocess.run([sys.executable, os.path.join(HERE, "..", "finish_leg.py"), f"--keep={keep}",
+                    "--plot_only", "--prior_cpu_s=2100"], check=True)
     return record
 
 
