@@ -19,7 +19,6 @@ corpus folder of their sampling seed, and the trained drafter as the chain's nex
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -34,15 +33,9 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "budget"))
 sys.path.insert(0, os.path.join(HERE, ".."))
 from curve_file import read_curve  # noqa: E402
 
+from dblast_jax.io.fetch import sha256_file  # noqa: E402
+
 METRICS = ("al_estimate", "al_estimate_mixture", "top1", "greedy_accepted", "block_nll")
-
-
-def sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def unpack_corpus(files: str, stem: str, dest: str) -> dict:
@@ -63,7 +56,7 @@ def unpack_corpus(files: str, stem: str, dest: str) -> dict:
             tar.extractall(tmp)
     manifest = json.load(open(os.path.join(tmp, "manifest.json")))
     for e in manifest["shards"]:
-        if sha256(os.path.join(tmp, e["file"])) != e["sha256"]:
+        if sha256_file(os.path.join(tmp, e["file"])) != e["sha256"]:
             raise SystemExit(f"shard {e['file']} does not match its manifest's sha256")
     if os.path.exists(dest):
         os.rmdir(dest)
@@ -76,7 +69,7 @@ def check_leg(files: str, summary: dict, keep: str) -> tuple[dict, int, list[dic
     cannot be KEEP's next leg; checked before anything is written."""
     start = summary["started_from"]
     leg = len(read_curve(os.path.join(keep, "legs.jsonl"))) + 1
-    current = sha256(os.path.join(keep, "drafter", "model.safetensors"))
+    current = sha256_file(os.path.join(keep, "drafter", "model.safetensors"))
     if current != start["drafter_sha256"] or leg != start["next_leg"]:
         raise SystemExit(f"{keep}/drafter is no longer the drafter the device leg started "
                          f"from (leg {leg} would follow; it started before leg "
