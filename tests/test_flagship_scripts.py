@@ -612,6 +612,26 @@ def test_eval_export_sets_the_chains_export_beside_the_shipped_drafter(tmp_path,
     assert "--temperatures 0 0.7 " in blocks and blocks.endswith(f"/{keep}/benchmarks/blocks")
 
 
+def test_shipped_on_benchmarks_runs_both_shipped_drafters_at_every_batch(tmp_path):
+    done, calls = _run_growth(tmp_path, "shipped_on_benchmarks.sh",
+                              {"BATCHES": "1 8", "PROMPTS": "3"})
+    assert done.returncode == 0, done.stderr
+    assert len(calls) == 4
+    for call, batch, sub, temps, k1_mode, k4_mode in [
+            (calls[0], 1, "argmax", "0 0.7", "", "@mode=mixture"),
+            (calls[1], 1, "sampled", "1.0 1.5", "@mode=sampled-branch", "@mode=sampled-mixture"),
+            (calls[2], 8, "argmax", "0 0.7", "", "@mode=mixture"),
+            (calls[3], 8, "sampled", "1.0 1.5", "@mode=sampled-branch",
+             "@mode=sampled-mixture")]:
+        assert f"--drafter k1=pretrained:smollm2-dflash-k1{k1_mode} " in call
+        assert f"--drafter k4=pretrained:smollm2-dblast-k4{k4_mode} " in call
+        assert f"--drafter k1+ngram=pretrained:smollm2-dflash-k1+ngram{k1_mode} " in call
+        assert "--drafter ngram=ngram " in call and "--baseline k1 " in call
+        assert f"--temperatures {temps} " in call and "--prompts-per-benchmark 3 " in call
+        assert f"--batch-size {batch} " in call
+        assert call.endswith(f"--out experiments/flagship/shipped_on_benchmarks/b{batch}_{sub}")
+
+
 def _run_growth(tmp_path, script, env_vars):
     """A corpus growth script in a scratch layout, with a stand-in `dblast` that records
     its calls."""
