@@ -1,10 +1,13 @@
-"""One table from eval_decoding_methods.sh's four `dblast eval` folders: per decoding
+"""One table from the four `dblast eval` folders (b{1,8}_{argmax,sampled}) that
+eval_decoding_methods.sh and flagship/shipped_on_benchmarks.sh write: per decoding
 method, macro tau (± SE) and speed against plain decoding at T = 0 / 0.7 / 1.0 / 1.5, at
-batch 1 and batch 8, and the per-benchmark speeds at batch 1. A folder the script has
-not finished yet (no results.json) is named and left out.
+batch 1 and batch 8, and the per-benchmark speeds at batch 1. A folder not finished yet
+(no results.json) is named and left out.
 
     python experiments/smollm2/decoding_methods_table.py \\
         [experiments/smollm2/results_decoding_methods] > TABLE.md
+    python experiments/smollm2/decoding_methods_table.py \\
+        experiments/flagship/shipped_on_benchmarks > TABLE.md
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import json
 import os
 import sys
 
-ORDER = ["ngram", "k1", "k1_v8k", "k1+ngram", "k1_v8k+ngram"]
+ORDER = ["ngram", "k1", "k1_v8k", "k4", "k1+ngram", "k1_v8k+ngram"]  # others follow
 FOLDERS = {1: ("b1_argmax", "b1_sampled"), 8: ("b8_argmax", "b8_sampled")}
 
 
@@ -24,8 +27,8 @@ def tables(root: str, batch: int, say_missing: bool = True) -> tuple[dict, list[
         path = os.path.join(root, sub, "results.json")
         if not os.path.exists(path):
             if say_missing:
-                    print(f"\n({sub}: not finished yet; `bash experiments/smollm2/"
-                      "eval_decoding_methods.sh` resumes it)")
+                print(f"\n({sub}: not finished yet; rerun the script that writes "
+                      f"{root} to resume it)")
             continue
         with open(path) as f:
             result = json.load(f)["tables"]
@@ -38,6 +41,12 @@ def tables(root: str, batch: int, say_missing: bool = True) -> tuple[dict, list[
     return cells, temps
 
 
+def methods_of(cells: dict) -> list[str]:
+    """The methods present, in ORDER first, then the others as they came."""
+    present = list(dict.fromkeys(method for (_, method, _) in cells))
+    return [m for m in ORDER if m in present] + [m for m in present if m not in ORDER]
+
+
 def main(root: str) -> None:
     for batch in (1, 8):
         cells, temps = tables(root, batch)
@@ -48,7 +57,7 @@ def main(root: str) -> None:
         print("| method | " + " | ".join(f"T = {t}" for t in temps) + " |")
         print("|---|" + "---|" * len(temps))
         print("| plain | " + " | ".join("1 / 1.00x" for _ in temps) + " |")
-        for method in ORDER:
+        for method in methods_of(cells):
             row = []
             for t in temps:
                 tau = cells.get(("tau", method, f"macro@T{t}"))
@@ -62,7 +71,7 @@ def main(root: str) -> None:
     print("\n**Speed against plain decoding per benchmark, batch 1**\n")
     print("| method | " + " | ".join(f"{b} T = {t}" for t in temps for b in benchmarks) + " |")
     print("|---|" + "---|" * (len(temps) * len(benchmarks)))
-    for method in ORDER:
+    for method in methods_of(cells):
         speeds = (cells.get(("speedup", method, f"{b}@T{t}")) for t in temps
                   for b in benchmarks)
         print(f"| `{method}` | " + " | ".join("-" if v is None else f"{v:.2f}x"
@@ -76,6 +85,6 @@ if __name__ == "__main__":
         sys.exit(0 if sys.argv[1] in ("-h", "--help") else 2)
     root = sys.argv[1] if len(sys.argv) > 1 else "experiments/smollm2/results_decoding_methods"
     if not os.path.isdir(root):
-        sys.exit(f"{root}: no such folder (the four `dblast eval` folders of "
-                 "eval_decoding_methods.sh live in it)")
+        sys.exit(f"{root}: no such folder (the four `dblast eval` folders b1_argmax, "
+                 "b1_sampled, b8_argmax, b8_sampled live in it)")
     main(root)
