@@ -2,6 +2,7 @@
 its arguments: the scripts share settings.sh, so every drafter must train with the same
 overrides, and each stage must hand the right folders to the next."""
 
+import json
 import os
 import shlex
 import stat
@@ -186,3 +187,34 @@ def test_recipe_scripts_run(tmp_path):
                  "k4_from_sampled_head_trunk"):
         calls, _ = _run_budget(f"recipe/{name}.sh", tmp_path / name, T0_SHARDS="4")
         assert calls and all(_workdir(c) or c[1] == "export" for c in calls)
+
+
+def _eval_results(folder, temps, rows):
+    """A results.json as `dblast eval` writes it: tau, tau_se and speedup tables with one
+    row per drafter ({name: value}, the same value in every column)."""
+    columns = [f"humaneval@T{t}" for t in temps] + [f"macro@T{t}" for t in temps]
+    tables = {metric: {"columns": columns,
+                       "rows": [{"drafter": name, **{c: value[i] for c in columns}}
+                                for name, value in rows.items()]}
+              for i, metric in enumerate(("tau", "tau_se", "speedup"))}
+    folder.mkdir(parents=True)
+    (folder / "results.json").write_text(json.dumps({"tables": tables}))
+
+
+def test_decoding_methods_table_reads_the_methods_each_folder_holds(tmp_path):
+    """The K = 4 of shipped_on_benchmarks.sh gets its row; a missing folder is named."""
+    rows = {"k1": (1.5, 0.02, 0.7), "k4": (1.6, 0.03, 0.6), "ngram": (1.7, 0.04, 1.2),
+            "mystery": (1.1, 0.01, 0.9)}
+    _eval_results(tmp_path / "b1_argmax", ("0.0", "0.7"), rows)
+    _eval_results(tmp_path / "b1_sampled", ("1.0", "1.5"), rows)
+    done = subprocess.run([sys.executable, os.path.join(
+        ROOT, "experiments", "smollm2", "decoding_methods_table.py"), str(tmp_path)],
+        capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    table = [line for line in lines if line.startswith("| `")]
+    # batch 1's four temperatures in one row per method, ORDER first, the rest after
+    assert [line.split("`")[1] for line in table[:4]] == ["ngram", "k1", "k4", "mystery"]
+    assert table[2] == ("| `k4` | 1.60 ± 0.03 / 0.60x | 1.60 ± 0.03 / 0.60x | "
+                        "1.60 ± 0.03 / 0.60x | 1.60 ± 0.03 / 0.60x |")
+    assert "(b8_argmax: not finished yet" in done.stdout
