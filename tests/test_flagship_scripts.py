@@ -175,6 +175,13 @@ def test_self_prompt_passes_join_the_rotation(tmp_path, self_r0, legs, use, samp
      "runs/corpora/smollm2_t0_t1pass4_5"),
     (_LEGS_1_10, "s0,0", ["corpora/smollm2_self_t1_r0:0:68", "corpora/smollm2_t1:0:68"],
      "runs/corpora/smollm2_t0_t1passs0_0"),
+    # every complete pass: sampled 0-5, then the self-prompt round
+    (_LEGS_1_10, "all", ["corpora/smollm2_t1:0:68", "corpora/smollm2_t1_more:0:68",
+                         "corpora/smollm2_t1_more:68:136", "corpora/smollm2_t1_more:136:204",
+                         "corpora/smollm2_t1_more_seed2:0:68",
+                         "corpora/smollm2_t1_more_seed2:68:136",
+                         "corpora/smollm2_self_t1_r0:0:68"],
+     "runs/corpora/smollm2_t0_t1pass0_1_2_3_4_5_s0"),
     # a leg on several passes counts for each: after 4+5 and s0, pass 5 and s0 are used
     # once like 4, and the passes of legs 1-10 more
     (_LEGS_1_10 + ["runs/corpora/smollm2_t0_t1pass4_5", "runs/corpora/smollm2_t0_t1passs0"],

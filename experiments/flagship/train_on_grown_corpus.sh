@@ -33,10 +33,13 @@
 # prompts the target wrote itself, round R in corpora/smollm2_self_t1_rR) join the rotation
 # as pass sR once their 68 shards are finished; among passes never used they come after
 # the sampled ones (newest first). USE_PASS=s0 (or 5, ...) picks a complete pass by hand,
-# USE_PASS=0,1,2,3,4 several at once: the leg then reads each answer fewer times for the
-# same steps (research log 19: a one-pass leg reads each ~5.6 times and memorises its
-# pass), and the feature cache copies every record an earlier leg's cache holds, so only
-# passes never cached cost a target pass.
+# USE_PASS=0,1,2,3,4 several at once (USE_PASS=all: every complete pass): the leg then
+# reads each answer fewer times for the same steps (research log 19: a one-pass leg reads
+# each ~5.6 times and memorises its pass), and the feature cache copies every record an
+# earlier leg's cache holds, so only passes never cached cost a target pass. What moves the
+# chain is many distinct answers in one leg, not fewer reads alone (research log 20, 22:
+# legs on 3 and 5 passes gained, one fresh pass read as rarely did not), so USE_PASS=all
+# is the recipe wherever its cache (~1.7 CPU-s a record not yet cached) fits.
 #
 # A leg keeps the corpus it started on (its leg.json), so a killed leg resumes on the same
 # data. The merged folders are named by what they hold (smollm2_t0_t1pass1, ...).
@@ -114,6 +117,9 @@ PASSES=$(echo "0 corpora/smollm2_t1:0:68"
 PASS=$(PASSES="$PASSES" USE_PASS="${USE_PASS:-}" python -c "
 import json, os, re, sys
 passes = [line.split()[0] for line in os.environ['PASSES'].splitlines()]
+if os.environ['USE_PASS'] == 'all':
+    print(' '.join(passes))
+    sys.exit()
 if os.environ['USE_PASS']:
     asked = os.environ['USE_PASS'].split(',')
     bad = [p for p in asked if p not in passes]
