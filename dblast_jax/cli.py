@@ -6,6 +6,7 @@
     dblast generate --drafter pretrained:smollm2-dblast-k4   # a drafter shipped in pretrained/
     dblast data fetch | regenerate | stats    # benchmarks, training corpora, corpus report
     dblast train --experiment NAME --workdir DIR; dblast export DIR --out FOLDER
+    dblast carry pack DIR DEST; dblast carry unpack DEST DIR   # resume on another machine
     dblast eval --drafter base=DIR --drafter k4=DIR --baseline base
     dblast validate --drafter k4=DIR --data CORPUS --shards 16:20   # held-out expected AL
     dblast demo                               # the whole pipeline, ~11-15 min on a laptop CPU
@@ -192,6 +193,16 @@ def _cmd_train(args) -> int:
     return 0
 
 
+def _cmd_carry(args) -> int:
+    from dblast_jax.train import carry  # startup: pulls in orbax
+
+    if args.carry_command == "pack":
+        carry.pack_run(args.workdir, args.dest)
+    else:
+        carry.unpack_run(args.src, args.workdir)
+    return 0
+
+
 def _cmd_export(args) -> int:
     from dblast_jax.train.restore import export_workdir, is_training_workdir  # startup
 
@@ -339,6 +350,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", help="'synthetic', a .jsonl, or a regenerated corpus folder")
     p.add_argument("--stop-at", type=int, help="stop (with a checkpoint) after this step")
     p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("carry", help="move an unfinished training run to another machine "
+                       "(its newest checkpoint + logs, sha256-checked) and resume it there")
+    carry_sub = p.add_subparsers(dest="carry_command", required=True)
+    q = carry_sub.add_parser("pack", help="copy WORKDIR's newest finished checkpoint and "
+                             "small files into DEST (replaced whole)")
+    q.add_argument("workdir")
+    q.add_argument("dest")
+    q.set_defaults(func=_cmd_carry)
+    q = carry_sub.add_parser("unpack", help="check a carried run against its sha256 manifest "
+                             "and put it into WORKDIR (left alone if already at or past it)")
+    q.add_argument("src")
+    q.add_argument("workdir")
+    q.set_defaults(func=_cmd_carry)
 
     p = sub.add_parser("export", help="write a drafter in the DFlash layout (PyTorch-loadable)")
     p.add_argument("source", help="a training workdir, a drafter folder or pretrained:NAME")

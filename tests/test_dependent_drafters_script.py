@@ -42,6 +42,13 @@ DBLAST = """#!{py}
 import json, os, sys, zlib
 with open({log!r}, "a") as f:
     f.write(" ".join(["dblast"] + sys.argv[1:]) + "\\n")
+if sys.argv[1] == "carry":  # a stand-in of pack / unpack: copies the folder whole
+    import shutil
+    src, dest = sys.argv[3:5]
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(src, dest)
+    if sys.argv[2] == "pack":
+        open(os.path.join(dest, "carried_run.json"), "w").write("{{}}")
 if sys.argv[1] == "validate":
     a = sys.argv
     val = lambda k: a[a.index(k) + 1]
@@ -364,3 +371,32 @@ def test_a_corrupt_result_is_one_line_naming_its_file(tmp_path):
                           env=dict(os.environ, PYTHONPATH=ROOT))
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert "training.json: unreadable" in done.stderr.strip().splitlines()[-1]
+
+
+def test_unfinished_runs_are_carried_to_the_next_machine(tmp_path):
+    """PACK=1 carries each unfinished variant's run into KEEP/NAME/unfinished (nothing is
+    trained); the next machine's invocation unpacks it before training resumes, and the
+    carried copy goes once the variant has finished."""
+    trunk = _trunk(tmp_path / "trunk")
+    out, keep = tmp_path / "out", tmp_path / "keep"
+    done, _ = _run(tmp_path, STEPS="3", TRUNK=str(trunk), VARIANTS="k1_control")
+    assert done.returncode == 0, done.stderr  # finished: never carried
+    (out / "correction" / "checkpoints" / "250").mkdir(parents=True)
+    (out / "correction" / "checkpoints" / "250" / "state").write_text("step 250")
+    done, calls = _run(tmp_path, STEPS="3", TRUNK=str(trunk), PACK="1",
+                       VARIANTS="k1_control correction block_causal")
+    assert done.returncode == 0, done.stderr
+    assert calls == [["dblast", "carry", "pack", str(out / "correction"),
+                      str(keep / "correction" / "unfinished")]]
+    assert "block_causal: no checkpoint" in done.stdout
+    assert (keep / "correction" / "unfinished" / "carried_run.json").exists()
+
+    shutil.rmtree(out)  # the next machine
+    done, calls = _run(tmp_path, STEPS="3", TRUNK=str(trunk), VARIANTS="correction")
+    assert done.returncode == 0, done.stderr
+    assert calls[0] == ["dblast", "carry", "unpack", str(keep / "correction" / "unfinished"),
+                        str(out / "correction")]
+    assert calls[1][0] == "budget_curve.py"
+    assert (out / "correction" / "checkpoints" / "250" / "state").read_text() == "step 250"
+    assert not (keep / "correction" / "unfinished").exists()
+    assert (keep / "correction" / "training.json").exists()

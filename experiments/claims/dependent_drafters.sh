@@ -27,8 +27,14 @@
 #     STEPS=2 BATCHES=1 DATA=... OUT=/tmp/dry KEEP=/tmp/dry/keep \
 #         bash experiments/claims/dependent_drafters.sh
 #
+#     PACK=1 bash experiments/claims/dependent_drafters.sh   # before the machine goes:
+#         the newest checkpoint of each unfinished variant -> $KEEP/NAME/unfinished (commit
+#         it); the next machine's invocation unpacks it and resumes at that step, exactly
+#
 # The comparison is built one variant at a time, across machines: a variant trains as a
-# resumable run in $OUT/NAME (runs/, lost with the machine), is validated and benchmarked
+# resumable run in $OUT/NAME (runs/, lost with the machine; `PACK=1` carries its newest
+# checkpoint, ~60-70 MB, in $KEEP/NAME/unfinished to the next machine, where `dblast carry
+# unpack` checks it by sha256 and the run resumes from it), is validated and benchmarked
 # alone, and its results are committed to $KEEP/NAME (training.json: steps, training
 # CPU-s, the trunk's sha256; validate_t{0.7,1.0,1.5}.json; bench_t{0.7,1.5}.json). A
 # variant with its results in $KEEP is never trained again. Every variant is scored on the
@@ -85,6 +91,14 @@ flags_of() {  # the experiment and overrides that make variant $1
   esac
 }
 for v in $VARIANTS; do flags_of $v > /dev/null || exit 1; done
+if [ -n "${PACK-}" ]; then  # carry each unfinished variant's newest checkpoint in $KEEP
+  for v in $VARIANTS; do
+    [ -f "$KEEP/$v/training.json" ] && continue
+    [ -d "$OUT/$v/checkpoints" ] || { echo "$v: no checkpoint in $OUT/$v to carry"; continue; }
+    dblast carry pack "$OUT/$v" "$KEEP/$v/unfinished" || exit 1
+  done
+  exit 0
+fi
 for f in "$KEEP"/*/training.json; do  # results of another trunk are never mixed in
   [ -f "$f" ] || continue
   grep -q "\"trunk_sha256\": \"$TRUNK_SHA\"" "$f" || { echo "$f was trained from another" \
@@ -125,6 +139,11 @@ for v in $VARIANTS; do
   exec 9> "$OUT/$v.lock"  # one invocation per variant (side-by-side runs share $OUT)
   flock -n 9 || { echo "variant $v is being trained by another invocation" \
     "($OUT/$v.lock is held)" >&2; exit 1; }
+  if [ -f "$KEEP/$v/unfinished/carried_run.json" ]; then  # carried from another machine
+    dblast carry unpack "$KEEP/$v/unfinished" "$OUT/$v" >> "$OUT/$v.log" 2>&1 \
+      || { echo "the run carried in $KEEP/$v/unfinished was not unpacked; see $OUT/$v.log" \
+           >&2; exit 1; }
+  fi
   f=$(flags_of $v)
   # shellcheck disable=SC2086  # $f is a list of flags
   nice -n 10 python experiments/budget/budget_curve.py --workdir="$OUT/$v" $f \
@@ -160,6 +179,7 @@ with open(out + ".tmp", "w") as f:
     json.dump(record, f, indent=1)
 os.replace(out + ".tmp", out)
 PY
+  rm -rf "$KEEP/$v/unfinished"  # finished: nothing left to carry
   echo "$v: finished and recorded in $KEEP/$v"
 done
 python experiments/claims/dependent_table.py --keep="$KEEP" --variants="$(echo $VARIANTS | tr ' ' ,)"
