@@ -227,9 +227,9 @@ def test_export_round_trip_and_dblast_only(corrected, tmp_path):
     bad = dict(cfg, dblast_config=dict(cfg["dblast_config"], correction="gru"))
     with pytest.raises(ValueError, match="correction 'gru' is not one this version"):
         dflash.drafter_config_from_dflash(bad, tc)
-    from dblast_jax.io.torch_drafter import _DrafterCore
-    with pytest.raises(ValueError, match="serial correction head"):
-        _DrafterCore()._build(cfg)
+    from dblast_jax.io.torch_drafter import _DrafterCore  # knows previous-token only
+    with pytest.raises(ValueError, match="correction 'gru'.*does not know"):
+        _DrafterCore()._build(bad)
 
 
 def test_bad_settings_are_one_line_errors():

@@ -226,16 +226,18 @@ def _target(tc):
 
 @pytest.mark.torch
 @pytest.mark.parametrize("tiny", ["qwen3", "llama"])
-@pytest.mark.parametrize("k", [1, 4])
-def test_torch_module_matches_jax(tmp_path, tiny, k):
+@pytest.mark.parametrize("k,rank", [(1, 0), (4, 0), (4, 4)])
+def test_torch_module_matches_jax(tmp_path, tiny, k, rank):
+    """rank > 0: with a serial correction head, teacher-forced on given previous tokens."""
     torch = pytest.importorskip("torch")
     from dblast_jax.io.torch_drafter import DBlastDrafterTorch
 
     tc = QWEN if tiny == "qwen3" else LLAMA
+    more = dict(correction="previous-token", correction_rank=rank) if rank else {}
     if k == 1:  # plain DFlash: token mask, no expander
-        dc, dp = random_drafter(tc, seed=k, mask_token_id=tc.vocab_size - 2)
+        dc, dp = random_drafter(tc, seed=k, mask_token_id=tc.vocab_size - 2, **more)
     else:
-        dc, dp = random_drafter(tc, seed=k, num_categories=4, expander_width=8)
+        dc, dp = random_drafter(tc, seed=k, num_categories=4, expander_width=8, **more)
     tp, tokens = _target(tc)
     _, taps = T.forward(tp, tokens, config=tc, tap_layers=dc.target_layer_ids)
     anchors = jnp.array([5, 9], jnp.int32)
@@ -246,6 +248,15 @@ def test_torch_module_matches_jax(tmp_path, tiny, k):
     h, prior = D.draft_hidden(dp, tp, anchor_tokens, anchors, cache, drafter_config=dc,
                               target_config=tc)
     logits = np.asarray(D.branch_logits(tp, h, tc))
+    prev = None
+    if rank:  # lm_head(h) + silu(e(prev) W_p + h W_c) @ lm_head(W_o), the sampler's parts
+        prev = jax.random.randint(jax.random.key(5), (2, dc.block_size - 1), 0,
+                                  tc.vocab_size)
+        ctx, w_out = D.correction_parts(dp, h, drafter_config=dc)
+        pre = D.correction_prev_features(dp, tp, prev, drafter_config=dc)[:, None] + ctx
+        offset = jnp.einsum("bkjr,rv->bkjv", jax.nn.silu(pre), D.branch_logits(tp, w_out, tc))
+        assert float(jnp.abs(offset).max()) > 1e-2  # the correction is exercised
+        logits = logits + np.asarray(offset)
 
     folder = dflash.export_drafter(dp, dc, str(tmp_path / "export"))
     model = DBlastDrafterTorch.from_pretrained(folder)
@@ -253,7 +264,8 @@ def test_torch_module_matches_jax(tmp_path, tiny, k):
     embed = t(tp["embed"]["embedding"])
     head = embed if tc.tie_word_embeddings else t(tp["lm_head"]["kernel"]).T
     with torch.no_grad():
-        t_logits, t_prior = model(t(taps), t(anchor_tokens), t(anchors), embed, head)
+        t_logits, t_prior = model(t(taps), t(anchor_tokens), t(anchors), embed, head,
+                                  prev_tokens=None if prev is None else t(prev))
     assert tuple(t_logits.shape) == logits.shape == (2, k, dc.block_size - 1, tc.vocab_size)
     assert float(np.abs(t_logits.numpy() - logits).max()) <= 1e-4
     assert float(np.abs(t_prior.numpy() - np.asarray(prior)).max()) <= 1e-4
@@ -261,8 +273,11 @@ def test_torch_module_matches_jax(tmp_path, tiny, k):
         assert float(np.abs(np.asarray(prior)).max()) > 1e-2  # the prior is exercised
     # the context cut is real: changing a visible feature changes the torch output
     with torch.no_grad():
-        bumped, _ = model(t(taps.at[:, 2].add(1.0)), t(anchor_tokens), t(anchors), embed, head)
-        hidden, _ = model(t(taps.at[:, 9:].add(1.0)), t(anchor_tokens), t(anchors), embed, head)
+        extra = dict(prev_tokens=None if prev is None else t(prev))
+        bumped, _ = model(t(taps.at[:, 2].add(1.0)), t(anchor_tokens), t(anchors), embed, head,
+                          **extra)
+        hidden, _ = model(t(taps.at[:, 9:].add(1.0)), t(anchor_tokens), t(anchors), embed, head,
+                          **extra)
     assert float((bumped - t_logits).abs().max()) > 1e-3
     assert float((hidden - t_logits).abs().max()) == 0.0
 

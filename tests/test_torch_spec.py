@@ -59,29 +59,48 @@ def _llama(vocab, seed, init_range, layers=2):
     return transformers.LlamaForCausalLM(cfg).eval()
 
 
-def _drafter_config(k, block, target_layer_ids, mask_token_id=None):
+def _drafter_config(k, block, target_layer_ids, mask_token_id=None, correction_rank=0):
     cfg = {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
            "head_dim": 8, "intermediate_size": 48, "num_hidden_layers": 1,
            "block_size": block, "rope_theta": 10000.0, "rms_norm_eps": 1e-6,
            "dflash_config": {"mask_token_id": mask_token_id,
                              "target_layer_ids": list(target_layer_ids)}}
-    if k > 1 or mask_token_id is None:
+    if k > 1 or mask_token_id is None or correction_rank:
         cfg["dblast_config"] = {"num_categories": k, "expander_width": 8 if k > 1 else 0,
                                 "mask": "learned" if mask_token_id is None else "token"}
+    if correction_rank:
+        cfg["dblast_config"].update(correction="previous-token",
+                                    correction_rank=correction_rank)
     return cfg
+
+
+def _random_drafter(config, seed=1):
+    drafter = TD.DBlastDrafterTorch(config)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in drafter.parameters():
+            p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=gen) if p.dim() == 1 else
+                    2.0 * torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
+    return drafter
 
 
 # ---- lossless ------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def tiny():
+    return _tiny_pair(_drafter_config(4, BLOCK, (0, 1)))
+
+
+@pytest.fixture(scope="module")
+def tiny_corrected():
+    """The same, with a serial correction head (rank 4) on the K = 4 drafter."""
+    return _tiny_pair(_drafter_config(4, BLOCK, (0, 1), correction_rank=4))
+
+
+def _tiny_pair(config):
     target = _llama(VOCAB, 0, 0.5)
-    drafter = TD.DBlastDrafterTorch(_drafter_config(4, BLOCK, (0, 1)))
-    gen = torch.Generator().manual_seed(1)
+    drafter = _random_drafter(config)
     with torch.no_grad():
-        for p in drafter.parameters():
-            p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=gen) if p.dim() == 1 else
-                    2.0 * torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
         torch.manual_seed(2)  # text sampled from the target at T = 1
         text = target.generate(torch.tensor([PROMPT] * 6), max_new_tokens=10, do_sample=True,
                                top_k=0, top_p=1.0)
@@ -140,6 +159,68 @@ def _broken_verify_block(target_probs, drafts, proposal, gen_accept, gen_residua
     return n, int(torch.multinomial(target_probs[n], 1, generator=gen_residual)), alphas
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_correction_head_is_lossless(tiny_corrected, mode):
+    """The serial correction head (drafts left to right, each q_i given the drafted
+    d_{i-1}), in every verification mode."""
+    target, drafter = tiny_corrected
+    seqs, probs = exact_distribution(target, 1.0)
+    samples, accepted = sample_sequences(target, drafter, seed=3, temperature=1.0,
+                                         verify_mode=mode, category_temperature=1.3,
+                                         draft_temperature=0.8)
+    pvalue = chi_square_pvalue(samples, seqs, probs)
+    print(f"\n[correction {mode}] chi-square p = {pvalue:.3g}, steps accepting a draft: "
+          f"{(accepted > 0).mean():.3f}")
+    assert pvalue > P_VALUE
+    assert (accepted > 0).mean() > 0.05
+
+
+def test_correction_forward_needs_the_previous_tokens(tiny_corrected, tiny):
+    target, drafter = tiny_corrected
+    ids = torch.tensor([PROMPT + [2, 3, 1]])
+    with torch.no_grad():
+        taps = TD._taps(target(input_ids=ids, output_hidden_states=True).hidden_states,
+                        drafter.target_layer_ids)
+    embed = target.get_input_embeddings().weight
+    head = target.get_output_embeddings().weight
+    args = (taps, torch.tensor([2]), torch.tensor([2]), embed, head)
+    with pytest.raises(ValueError, match=r"correction head: forward needs prev_tokens"):
+        drafter(*args)
+    with pytest.raises(ValueError, match=r"prev_tokens must be \[1, 2\], got \[1, 3\]"):
+        drafter(*args, prev_tokens=torch.tensor([[2, 3, 1]]))
+    with torch.no_grad():  # the previous tokens matter
+        a, _ = drafter(*args, prev_tokens=torch.tensor([[2, 3]]))
+        b, _ = drafter(*args, prev_tokens=torch.tensor([[2, 4]]))
+    assert float((a[:, :, 0] - b[:, :, 0]).abs().max()) == 0.0
+    assert float((a[:, :, 1] - b[:, :, 1]).abs().max()) > 1e-3
+    with pytest.raises(ValueError, match="prev_tokens is for drafters with a correction"):
+        tiny[1](*args, prev_tokens=torch.tensor([[2, 3]]))
+
+
+def test_correction_power_when_verified_against_the_uncorrected_q(tiny_corrected,
+                                                                    monkeypatch):
+    """Drafts taken from the corrected q but verified against the parallel pass's
+    uncorrected q (the bug a correction port is most likely to have) must fail."""
+    import copy
+    target, drafter = tiny_corrected
+    drafter = copy.deepcopy(drafter)
+    with torch.no_grad():  # a stronger correction: the two q differ more
+        drafter.dblast.correction.out_proj.weight.mul_(3.0)
+    seqs, probs = exact_distribution(target, 1.0)
+    real = TD._Serial.sampled
+
+    def uncorrected_q(self, z, draft_temperature, gen):
+        drafts, _ = real(self, z, draft_temperature, gen)
+        return drafts, torch.softmax(self.base / draft_temperature, dim=-1)
+
+    monkeypatch.setattr(TD._Serial, "sampled", uncorrected_q)
+    samples, _ = sample_sequences(target, drafter, seed=4, temperature=1.0,
+                                  verify_mode="sampled-branch", draft_temperature=0.8)
+    pvalue = chi_square_pvalue(samples, seqs, probs)
+    print(f"\n[correction, uncorrected q] chi-square p = {pvalue:.3g}")
+    assert pvalue < P_VALUE
+
+
 def test_the_test_has_power_on_a_broken_verifier(tiny, monkeypatch):
     target, drafter = tiny
     seqs, probs = exact_distribution(target, 1.0)
@@ -186,13 +267,15 @@ def _fit_torch(drafter, target, seqs, steps=40, lr=1e-2):
         anchors = torch.arange(1, len(seq) - b + 1)
         labels = torch.stack([ids[0, s + 1:s + b] for s in anchors.tolist()])
         batches.append((taps.expand(len(anchors), -1, -1, -1), ids[0, anchors], anchors, labels))
+    corrected = drafter.correction != "none"  # teacher forcing: the data's previous tokens
     opt = torch.optim.Adam([p for n, p in drafter.named_parameters() if "prior" not in n], lr=lr)
     drafter.train()
     for _ in range(steps):
         opt.zero_grad()
         loss = 0.0
         for taps, tokens, anchors, labels in batches:
-            logits, _ = drafter(taps, tokens, anchors, embed, head)  # [A, K, b-1, V]
+            prev = torch.cat([tokens[:, None], labels[:, :-1]], 1) if corrected else None
+            logits, _ = drafter(taps, tokens, anchors, embed, head, prev_tokens=prev)
             k = logits.shape[1]
             loss = loss + torch.nn.functional.cross_entropy(
                 logits.reshape(-1, logits.shape[-1]), labels[:, None].expand(-1, k, -1).reshape(-1))
@@ -223,8 +306,9 @@ def jax_pair(tmp_path_factory):
                 plain=plain, root=root)
 
 
-@pytest.mark.parametrize("k", [1, 4])
-def test_temperature_zero_equals_jax_sampler(jax_pair, k):
+@pytest.mark.parametrize("k,rank", [(1, 0), (4, 0), (1, 4)])
+def test_temperature_zero_equals_jax_sampler(jax_pair, k, rank):
+    """rank > 0: a serial correction head of that rank (trained with teacher forcing)."""
     import jax
     import dblast_jax as dj
     from dblast_jax import generation
@@ -238,10 +322,12 @@ def test_temperature_zero_equals_jax_sampler(jax_pair, k):
     tc = target.config
     kw = (dict(mask_token_id=JV - 1) if k == 1 else
           dict(num_categories=4, expander_width=8, mask_token_id=None))
+    if rank:
+        kw.update(correction="previous-token", correction_rank=rank)
     dc = DrafterConfig.for_target(tc, num_layers=1, block_size=JBLOCK, target_layer_ids=(0,),
                                   **kw)
     dp = D.init_drafter_params(dc, tc, jax.random.key(k))
-    folder = dflash.export_drafter(dp, dc, str(jax_pair["root"] / f"k{k}"))
+    folder = dflash.export_drafter(dp, dc, str(jax_pair["root"] / f"k{k}_r{rank}"))
     drafter = TD.DBlastDrafterTorch.from_pretrained(folder)
     if k > 1:  # a prior with clear gaps: at Z_T -> 0 both sides draw its argmax
         with torch.no_grad():
@@ -280,7 +366,8 @@ def test_temperature_zero_equals_jax_sampler(jax_pair, k):
             assert res.accepted == [int(a) for a in accepted[row] if a >= 0], (mode, row)
             assert res.expected == [float(a) for a in res.accepted]  # T = 0: 0/1 alphas
             all_acc += res.accepted
-    print(f"\n[K = {k}] accepted drafts per step (both modes, both prompts): {all_acc}")
+    print(f"\n[K = {k}, correction rank {rank}] accepted drafts per step (both modes, "
+          f"both prompts): {all_acc}")
     assert stop in res.tokens and res.tokens[-1] == stop and len(res.tokens) < JNEW
     # non-vacuous: some steps accept drafts, not every step accepts all of them
     assert max(all_acc) >= 2 and min(all_acc) <= 1, all_acc

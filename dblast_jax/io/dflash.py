@@ -226,9 +226,9 @@ def _dblast_only_note(config: DrafterConfig) -> str:
     if config.correction != "none":
         return ("DBlast-only checkpoint with a serial correction head (drafts are "
                 "taken left to right, each position's logits corrected by the token "
-                "drafted before it): load it with dblast_jax (load_drafter), not with "
-                "DFlash loaders (dflash.DFlashDraftModel, vLLM, SGLang) nor "
-                "dblast_jax.io.torch_drafter")
+                "drafted before it): load it with dblast_jax (load_drafter) or "
+                "dblast_jax.io.torch_drafter.DBlastDrafterTorch, not with DFlash "
+                "loaders (dflash.DFlashDraftModel, vLLM, SGLang)")
     return ("DBlast-only checkpoint (K > 1 latent mixture and/or learned mask "
             "embedding): load it with dblast_jax (load_drafter) or "
             "dblast_jax.io.torch_drafter.DBlastDrafterTorch, not with DFlash "

@@ -2,8 +2,11 @@
 
 For users who serve with PyTorch: `DBlastDrafterTorch.from_pretrained(folder)` loads any
 export (plain DFlash layout for K = 1, plus the `dblast.`-prefixed tensors for the
-latent-mixture additions and a learned mask embedding) and computes the same branch
-logits and prior logits as the JAX drafter. It depends only on torch and safetensors
+latent-mixture additions, a learned mask embedding and the serial previous-token
+correction head) and computes the same branch logits and prior logits as the JAX drafter
+(with a correction head: given the previous tokens, and drafted left to right).
+Exports with a causal block (`dflash_config.causal`) are refused: they need one drafter
+pass per block position, which this module does not implement. It depends only on torch and safetensors
 (the `torch` extra), never on the JAX code, so this file can be copied out on its own.
 
 The target's input embedding and LM head are arguments of `forward`, as in DFlash: the
@@ -152,11 +155,12 @@ class _DrafterCore:
         self.mask_token_id = None if self.learned_mask else dflash.get("mask_token_id")
         self.num_categories = int(dblast.get("num_categories", 1))
         self.expander_width = int(dblast.get("expander_width", 0))
-        if dblast.get("correction", "none") != "none":
+        self.correction = dblast.get("correction", "none")
+        if self.correction not in ("none", "previous-token"):
             raise ValueError(f"this export has a serial correction head (dblast_config."
-                             f"correction {dblast['correction']!r}), which this PyTorch "
-                             "drafter does not implement: load it with dblast_jax "
-                             "(load_drafter)")
+                             f"correction {self.correction!r}) that this PyTorch drafter "
+                             "does not know (it knows 'previous-token'): load it with the "
+                             "dblast_jax version that wrote it")
         if dflash.get("causal") or dblast.get("block_attention", "bidirectional") != \
                 "bidirectional":
             raise ValueError("this export has a causal block (dflash_config.causal), which "
@@ -184,6 +188,16 @@ class _DrafterCore:
             self.dblast.expander.out_proj = _Weight(k, h, e)
         if self.num_categories > 1:
             self.dblast.prior = nn.Linear(h, self.num_categories)
+        if self.correction == "previous-token":
+            rank = dblast.get("correction_rank")
+            if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+                raise ValueError(f"dblast_config.correction_rank must be an integer >= 1, "
+                                 f"got {rank!r}")
+            self.dblast.correction = nn.Module()  # offset = silu(e W_p + h W_c) W_o
+            self.dblast.correction.prev_proj = nn.Linear(h, rank, bias=False)
+            self.dblast.correction.ctx_proj = nn.Linear(h, rank, bias=False)
+            self.dblast.correction.out_proj = nn.Linear(rank, h, bias=False)
+            self.rms_eps = eps
 
     @property
     def inv_freq(self) -> torch.Tensor:
@@ -272,15 +286,41 @@ class _DrafterCore:
 
     def forward(self, taps: torch.Tensor, anchor_tokens: torch.Tensor,
                 anchor_positions: torch.Tensor, embed_weight: torch.Tensor,
-                lm_head_weight: torch.Tensor, context_lengths: Optional[torch.Tensor] = None):
+                lm_head_weight: torch.Tensor, context_lengths: Optional[torch.Tensor] = None,
+                prev_tokens: Optional[torch.Tensor] = None):
         """-> (branch logits [B, K, b-1, V] float32, prior logits [B, K] float32).
 
         lm_head_weight [V, H]: the target's LM head in torch layout (the embedding for
-        tied targets). See `draft_hidden` for the other arguments."""
+        tied targets). prev_tokens [B, b-1]: with a correction head (only), the token
+        before each draft position (the anchor, then the block's tokens d_1 .. d_{b-2}):
+        the logits are those drafts are taken from given that prefix (teacher forcing
+        in training). See `draft_hidden` for the other arguments."""
         branch, prior = self.draft_hidden(taps, anchor_tokens, anchor_positions, embed_weight,
                                           context_lengths)
+        if self.correction != "none":
+            if prev_tokens is None:
+                raise ValueError("this drafter has a correction head: forward needs "
+                                 "prev_tokens [B, b-1] (the anchor, then d_1 .. d_{b-2})")
+            want = (branch.shape[0], self.block_size - 1)
+            if tuple(prev_tokens.shape) != want:
+                raise ValueError(f"prev_tokens must be {list(want)}, got "
+                                 f"{list(prev_tokens.shape)}")
+            corr = self.dblast.correction
+            pre = (self._prev_features(prev_tokens, embed_weight)[:, None]
+                   + corr.ctx_proj(branch).float())  # [B, K, b-1, r]
+            branch = branch + corr.out_proj(nn.functional.silu(pre).to(branch.dtype))
+        elif prev_tokens is not None:
+            raise ValueError("prev_tokens is for drafters with a correction head only")
         logits = torch.einsum("bkjh,vh->bkjv", branch.float(), lm_head_weight.float())
         return logits, prior
+
+    def _prev_features(self, tokens: torch.Tensor, embed_weight: torch.Tensor) -> torch.Tensor:
+        """Previous tokens [..] -> rms(e) W_p [.., r] float32 (the correction's input
+        side; e the target's embedding, normalised without a learned scale)."""
+        w = self.dblast.correction.prev_proj.weight
+        e = embed_weight[tokens.long().to(embed_weight.device)].to(w.device).float()
+        e = e * torch.rsqrt(e.pow(2).mean(-1, keepdim=True) + self.rms_eps)
+        return nn.functional.linear(e.to(w.dtype), w).float()
 
     # ---- speculative decoding --------------------------------------------------------
 
@@ -339,9 +379,12 @@ class _DrafterCore:
         while not done:
             branch, prior = self.draft_from_cache(
                 cache, torch.tensor([anchor], device=dev), torch.tensor([s], device=dev), embed)
+            serial = None
+            if self.correction != "none":  # each draft corrected by the token before it
+                serial = _Serial(self, branch[0].to(dev), embed, head_w, anchor)
             drafts, proposal = _propose(branch[0].to(dev), prior[0].to(dev), head_w,
                                         temperature, verify_mode, category_temperature,
-                                        draft_temperature, streams)
+                                        draft_temperature, streams, serial)
             block = torch.cat([torch.tensor([anchor], device=dev), drafts])[None]
             out, past = _target_forward(target_model, block, past)
             logits = out.logits[0].float()  # [b, V]
@@ -528,14 +571,72 @@ def mixture_proposal(branch_probs: torch.Tensor, drafts: torch.Tensor,
     return torch.einsum("kn,knv->nv", post, branch_probs)
 
 
+class _Serial:
+    """The correction head's drafting (dblast_jax/correction.py): position i's logits are
+    lm_head(h_i) + silu(rms(e(x_{i-1})) W_p + h_i W_c) @ lm_head(W_o), so drafts are taken
+    left to right. Everything with the vocabulary in it is computed once per step (base
+    logits of every branch, the rank-r basis); a serial step is an embedding row, an
+    [H] x [H, r] product and an [r] x [r, V] product."""
+
+    def __init__(self, model: _DrafterCore, branch: torch.Tensor, embed: torch.Tensor,
+                 head_w: torch.Tensor, anchor: int):
+        corr = model.dblast.correction
+        self.model, self.embed, self.anchor = model, embed, int(anchor)
+        self.base = torch.einsum("kjh,vh->kjv", branch.float(), head_w)  # [K, b-1, V]
+        self.ctx = corr.ctx_proj(branch).float()  # [K, b-1, r]
+        self.basis = corr.out_proj.weight.float().T @ head_w.T  # [r, V]
+
+    def logits(self, i: int, prev: torch.Tensor) -> torch.Tensor:
+        """Position i's corrected logits [K, V] of every branch, given the previous token
+        of each branch's chain, prev [K] (or one shared [1])."""
+        pre = self.model._prev_features(prev, self.embed).to(self.ctx.device) + self.ctx[:, i]
+        return self.base[:, i] + nn.functional.silu(pre) @ self.basis
+
+    def greedy_chains(self) -> torch.Tensor:
+        """Every branch's own argmax chain [K, b-1]."""
+        k, n = self.base.shape[:2]
+        prev = torch.full((k,), self.anchor, dtype=torch.long, device=self.base.device)
+        chains = []
+        for i in range(n):
+            prev = torch.argmax(self.logits(i, prev), dim=-1)
+            chains.append(prev)
+        return torch.stack(chains, 1)
+
+    def sampled(self, z: int, draft_temperature: float, gen: torch.Generator):
+        """Drafts [b-1] drawn from branch z, and every branch's q on that prefix
+        [K, b-1, V]."""
+        n = self.base.shape[1]
+        prev = torch.tensor([self.anchor], device=self.base.device)
+        drafts, qs = [], []
+        for i in range(n):
+            q = torch.softmax(self.logits(i, prev) / draft_temperature, dim=-1)  # [K, V]
+            prev = torch.multinomial(q[z], 1, generator=gen)
+            drafts.append(prev[0])
+            qs.append(q)
+        return torch.stack(drafts), torch.stack(qs, 1)
+
+
 def _propose(branch, prior, head_w, temperature, mode, category_temperature,
-             draft_temperature, streams):
+             draft_temperature, streams, serial: Optional[_Serial] = None):
     """drafts [b-1] and the proposal Q [b-1, V] (float32) of one step, as
-    dblast_jax.sampler._draft. branch [K, b-1, H], prior [K]."""
+    dblast_jax.sampler._draft. branch [K, b-1, H], prior [K]; serial: a correction
+    head's left-to-right drafting (dblast_jax/correction.py), else None."""
     draw = torch.softmax(prior.float() / category_temperature, dim=-1)  # pi'
     z = int(torch.multinomial(draw, 1, generator=streams.category))
     sampled = temperature > 0  # at T = 0 every mode drafts argmaxes
     vocab = head_w.shape[0]
+    if serial is not None:
+        if mode in ("sampled-branch", "sampled-mixture") and sampled:
+            drafts, q = serial.sampled(z, draft_temperature, streams.draft)
+            if mode == "sampled-branch":
+                return drafts, q[z]
+            return drafts, mixture_proposal(q, drafts, draw)
+        chains = serial.greedy_chains()  # [K, b-1]
+        drafts = chains[z]
+        if mode in ("mixture", "sampled-mixture"):
+            one_hot = nn.functional.one_hot(chains, vocab).float()
+            return drafts, mixture_proposal(one_hot, drafts, draw)
+        return drafts, nn.functional.one_hot(drafts, vocab).float()
     if mode in ("mixture", "sampled-mixture"):
         logits = torch.einsum("kjh,vh->kjv", branch.float(), head_w)  # [K, b-1, V]
         if mode == "sampled-mixture" and sampled:
