@@ -210,9 +210,14 @@ def test_export_round_trip_and_dblast_only(tmp_path):
              "dflash_config.causal false contradicts dblast_config.block_attention 'causal'")]:
         with pytest.raises(ValueError, match=message):
             dflash.drafter_config_from_dflash(bad, tc)
-    from dblast_jax.io.torch_drafter import _DrafterCore
-    with pytest.raises(ValueError, match="causal block"):
-        _DrafterCore()._build(cfg)
+    from dblast_jax.io.torch_drafter import _DrafterCore  # refuses what JAX refuses
+    for bad, message in [
+            (dict(cfg, dblast_config=dict(cfg["dblast_config"], block_attention="sliding")),
+             "block_attention 'sliding' is not one this PyTorch drafter knows"),
+            (dict(cfg, dflash_config=dict(cfg["dflash_config"], causal=False)),
+             "dflash_config.causal False contradicts dblast_config.block_attention 'causal'")]:
+        with pytest.raises(ValueError, match=message):
+            _DrafterCore()._build(bad)
 
 
 def test_bad_settings_are_one_line_errors():

@@ -226,14 +226,18 @@ def _target(tc):
 
 @pytest.mark.torch
 @pytest.mark.parametrize("tiny", ["qwen3", "llama"])
-@pytest.mark.parametrize("k,rank", [(1, 0), (4, 0), (4, 4)])
-def test_torch_module_matches_jax(tmp_path, tiny, k, rank):
-    """rank > 0: with a serial correction head, teacher-forced on given previous tokens."""
+@pytest.mark.parametrize("k,rank,causal", [(1, 0, False), (4, 0, False), (4, 4, False),
+                                           (4, 0, True)])
+def test_torch_module_matches_jax(tmp_path, tiny, k, rank, causal):
+    """rank > 0: with a serial correction head; causal: with a causal block (JAX's
+    drafting pass per slot); both teacher-forced on given previous tokens."""
     torch = pytest.importorskip("torch")
     from dblast_jax.io.torch_drafter import DBlastDrafterTorch
 
     tc = QWEN if tiny == "qwen3" else LLAMA
     more = dict(correction="previous-token", correction_rank=rank) if rank else {}
+    if causal:
+        more["block_attention"] = "causal"
     if k == 1:  # plain DFlash: token mask, no expander
         dc, dp = random_drafter(tc, seed=k, mask_token_id=tc.vocab_size - 2, **more)
     else:
@@ -249,9 +253,18 @@ def test_torch_module_matches_jax(tmp_path, tiny, k, rank):
                               target_config=tc)
     logits = np.asarray(D.branch_logits(tp, h, tc))
     prev = None
-    if rank:  # lm_head(h) + silu(e(prev) W_p + h W_c) @ lm_head(W_o), the sampler's parts
+    if rank or causal:
         prev = jax.random.randint(jax.random.key(5), (2, dc.block_size - 1), 0,
-                                  tc.vocab_size)
+                                  tc.vocab_size).at[:, 0].set(anchor_tokens)
+    if causal:  # slot i: the drafting pass over [anchor, prev[1:i], MASK ..]
+        slots = []
+        for i in range(1, dc.block_size):
+            blk = jnp.concatenate([prev[:, :i], jnp.full((2, dc.block_size - i), -1)], 1)
+            branch, _ = D.causal_pass(dp, tp, blk[:, None], anchors, cache, i,
+                                      drafter_config=dc)
+            slots.append(branch[:, 0])  # [2, K, H]
+        logits = np.asarray(D.branch_logits(tp, jnp.stack(slots, 2), tc))
+    if rank:  # lm_head(h) + silu(e(prev) W_p + h W_c) @ lm_head(W_o), the sampler's parts
         ctx, w_out = D.correction_parts(dp, h, drafter_config=dc)
         pre = D.correction_prev_features(dp, tp, prev, drafter_config=dc)[:, None] + ctx
         offset = jnp.einsum("bkjr,rv->bkjv", jax.nn.silu(pre), D.branch_logits(tp, w_out, tc))

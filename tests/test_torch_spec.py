@@ -59,18 +59,23 @@ def _llama(vocab, seed, init_range, layers=2):
     return transformers.LlamaForCausalLM(cfg).eval()
 
 
-def _drafter_config(k, block, target_layer_ids, mask_token_id=None, correction_rank=0):
+def _drafter_config(k, block, target_layer_ids, mask_token_id=None, correction_rank=0,
+                    causal=False):
     cfg = {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
            "head_dim": 8, "intermediate_size": 48, "num_hidden_layers": 1,
            "block_size": block, "rope_theta": 10000.0, "rms_norm_eps": 1e-6,
            "dflash_config": {"mask_token_id": mask_token_id,
                              "target_layer_ids": list(target_layer_ids)}}
-    if k > 1 or mask_token_id is None or correction_rank:
+    if causal:  # vLLM's key, and ours
+        cfg["dflash_config"]["causal"] = True
+    if k > 1 or mask_token_id is None or correction_rank or causal:
         cfg["dblast_config"] = {"num_categories": k, "expander_width": 8 if k > 1 else 0,
                                 "mask": "learned" if mask_token_id is None else "token"}
     if correction_rank:
         cfg["dblast_config"].update(correction="previous-token",
                                     correction_rank=correction_rank)
+    if causal:
+        cfg["dblast_config"]["block_attention"] = "causal"
     return cfg
 
 
@@ -95,6 +100,12 @@ def tiny():
 def tiny_corrected():
     """The same, with a serial correction head (rank 4) on the K = 4 drafter."""
     return _tiny_pair(_drafter_config(4, BLOCK, (0, 1), correction_rank=4))
+
+
+@pytest.fixture(scope="module")
+def tiny_causal():
+    """The same K = 4 drafter with a causal block (one pass per drafted position)."""
+    return _tiny_pair(_drafter_config(4, BLOCK, (0, 1), causal=True))
 
 
 def _tiny_pair(config):
@@ -173,6 +184,41 @@ def test_correction_head_is_lossless(tiny_corrected, mode):
           f"{(accepted > 0).mean():.3f}")
     assert pvalue > P_VALUE
     assert (accepted > 0).mean() > 0.05
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_causal_block_is_lossless(tiny_causal, mode):
+    """A causal block (draft i from a pass over the drafted prefix), every mode."""
+    target, drafter = tiny_causal
+    seqs, probs = exact_distribution(target, 1.0)
+    samples, accepted = sample_sequences(target, drafter, seed=5, temperature=1.0,
+                                         verify_mode=mode, category_temperature=1.3,
+                                         draft_temperature=0.8)
+    pvalue = chi_square_pvalue(samples, seqs, probs)
+    print(f"\n[causal {mode}] chi-square p = {pvalue:.3g}, steps accepting a draft: "
+          f"{(accepted > 0).mean():.3f}")
+    assert pvalue > P_VALUE
+    assert (accepted > 0).mean() > 0.05
+
+
+def test_causal_power_when_verified_against_the_all_mask_pass(tiny_causal, monkeypatch):
+    """Drafts taken left to right but verified against the q of one pass over MASK
+    positions (what a DFlash loader would draft from) must fail."""
+    target, drafter = tiny_causal
+    seqs, probs = exact_distribution(target, 1.0)
+    real = TD._CausalSerial.sampled
+
+    def all_mask_q(self, z, draft_temperature, gen):
+        drafts, q = real(self, z, draft_temperature, gen)
+        first = torch.einsum("kjh,vh->kjv", self.base.float(), self.head_w)
+        return drafts, torch.softmax(first / draft_temperature, dim=-1)
+
+    monkeypatch.setattr(TD._CausalSerial, "sampled", all_mask_q)
+    samples, _ = sample_sequences(target, drafter, n=3 * SAMPLES, seed=6, temperature=1.0,
+                                  verify_mode="sampled-branch", draft_temperature=0.8)
+    pvalue = chi_square_pvalue(samples, seqs, probs)
+    print(f"\n[causal, all-MASK q] chi-square p = {pvalue:.3g}")
+    assert pvalue < P_VALUE
 
 
 def test_correction_forward_needs_the_previous_tokens(tiny_corrected, tiny):
@@ -267,7 +313,8 @@ def _fit_torch(drafter, target, seqs, steps=40, lr=1e-2):
         anchors = torch.arange(1, len(seq) - b + 1)
         labels = torch.stack([ids[0, s + 1:s + b] for s in anchors.tolist()])
         batches.append((taps.expand(len(anchors), -1, -1, -1), ids[0, anchors], anchors, labels))
-    corrected = drafter.correction != "none"  # teacher forcing: the data's previous tokens
+    # teacher forcing: the data's previous tokens
+    corrected = drafter.correction != "none" or drafter.causal
     opt = torch.optim.Adam([p for n, p in drafter.named_parameters() if "prior" not in n], lr=lr)
     drafter.train()
     for _ in range(steps):
@@ -306,9 +353,11 @@ def jax_pair(tmp_path_factory):
                 plain=plain, root=root)
 
 
-@pytest.mark.parametrize("k,rank", [(1, 0), (4, 0), (1, 4)])
-def test_temperature_zero_equals_jax_sampler(jax_pair, k, rank):
-    """rank > 0: a serial correction head of that rank (trained with teacher forcing)."""
+@pytest.mark.parametrize("k,rank,causal", [(1, 0, False), (4, 0, False), (1, 4, False),
+                                           (4, 0, True)])
+def test_temperature_zero_equals_jax_sampler(jax_pair, k, rank, causal):
+    """rank > 0: a serial correction head of that rank; causal: a causal block (both
+    trained with teacher forcing)."""
     import jax
     import dblast_jax as dj
     from dblast_jax import generation
@@ -324,10 +373,12 @@ def test_temperature_zero_equals_jax_sampler(jax_pair, k, rank):
           dict(num_categories=4, expander_width=8, mask_token_id=None))
     if rank:
         kw.update(correction="previous-token", correction_rank=rank)
+    if causal:
+        kw.update(block_attention="causal")
     dc = DrafterConfig.for_target(tc, num_layers=1, block_size=JBLOCK, target_layer_ids=(0,),
                                   **kw)
     dp = D.init_drafter_params(dc, tc, jax.random.key(k))
-    folder = dflash.export_drafter(dp, dc, str(jax_pair["root"] / f"k{k}_r{rank}"))
+    folder = dflash.export_drafter(dp, dc, str(jax_pair["root"] / f"k{k}_r{rank}_c{causal}"))
     drafter = TD.DBlastDrafterTorch.from_pretrained(folder)
     if k > 1:  # a prior with clear gaps: at Z_T -> 0 both sides draw its argmax
         with torch.no_grad():
@@ -366,8 +417,8 @@ def test_temperature_zero_equals_jax_sampler(jax_pair, k, rank):
             assert res.accepted == [int(a) for a in accepted[row] if a >= 0], (mode, row)
             assert res.expected == [float(a) for a in res.accepted]  # T = 0: 0/1 alphas
             all_acc += res.accepted
-    print(f"\n[K = {k}, correction rank {rank}] accepted drafts per step (both modes, "
-          f"both prompts): {all_acc}")
+    print(f"\n[K = {k}, correction rank {rank}, causal {causal}] accepted drafts per "
+          f"step (both modes, both prompts): {all_acc}")
     assert stop in res.tokens and res.tokens[-1] == stop and len(res.tokens) < JNEW
     # non-vacuous: some steps accept drafts, not every step accepts all of them
     assert max(all_acc) >= 2 and min(all_acc) <= 1, all_acc

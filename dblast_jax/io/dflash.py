@@ -222,7 +222,8 @@ def _dblast_only_note(config: DrafterConfig) -> str:
                 "with the drafted tokens' embeddings in the block; DFlash loaders "
                 "(vLLM reads dflash_config.causal) draft the block in one pass over "
                 "MASK positions, which is not what it was trained for. Load it with "
-                "dblast_jax (load_drafter), not with dblast_jax.io.torch_drafter")
+                "dblast_jax (load_drafter) or "
+                "dblast_jax.io.torch_drafter.DBlastDrafterTorch")
     if config.correction != "none":
         return ("DBlast-only checkpoint with a serial correction head (drafts are "
                 "taken left to right, each position's logits corrected by the token "

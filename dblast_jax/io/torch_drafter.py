@@ -2,11 +2,10 @@
 
 For users who serve with PyTorch: `DBlastDrafterTorch.from_pretrained(folder)` loads any
 export (plain DFlash layout for K = 1, plus the `dblast.`-prefixed tensors for the
-latent-mixture additions, a learned mask embedding and the serial previous-token
-correction head) and computes the same branch logits and prior logits as the JAX drafter
-(with a correction head: given the previous tokens, and drafted left to right).
-Exports with a causal block (`dflash_config.causal`) are refused: they need one drafter
-pass per block position, which this module does not implement. It depends only on torch and safetensors
+latent-mixture additions, a learned mask embedding, the serial previous-token
+correction head and a causal block) and computes the same branch logits and prior logits
+as the JAX drafter (with a correction head or a causal block: given the previous tokens,
+and drafted left to right: one drafter pass per position for a causal block). It depends only on torch and safetensors
 (the `torch` extra), never on the JAX code, so this file can be copied out on its own.
 
 The target's input embedding and LM head are arguments of `forward`, as in DFlash: the
@@ -86,7 +85,8 @@ class _Attention(nn.Module):
 
     def forward(self, x, ctx_k, ctx_v, blk_pos, visible, inv_freq):
         """x [B, b, H] block (normed); ctx_k / ctx_v [B, T, nkv, d] context keys / values
-        (`context_kv`); visible [B, T + b]."""
+        (`context_kv`); visible [B, T + b] (every block slot sees the same keys) or
+        [B, b, T + b] (per slot: a causal block)."""
         bsz, b, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(bsz, b, self.nq, self.d))
         q = _rope(q, blk_pos, inv_freq)
@@ -97,7 +97,8 @@ class _Attention(nn.Module):
         k = k.repeat_interleave(groups, dim=2)
         v = v.repeat_interleave(groups, dim=2)
         scores = torch.einsum("bqnd,bsnd->bnqs", q.float(), k.float()) * self.d ** -0.5
-        scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
+        seen = visible[:, None, None, :] if visible.dim() == 2 else visible[:, None]
+        scores = scores.masked_fill(~seen, float("-inf"))
         weights = torch.softmax(scores, dim=-1).to(v.dtype)
         out = torch.einsum("bnqs,bsnd->bqnd", weights, v).reshape(bsz, b, self.nq * self.d)
         return self.o_proj(out)
@@ -161,12 +162,17 @@ class _DrafterCore:
                              f"correction {self.correction!r}) that this PyTorch drafter "
                              "does not know (it knows 'previous-token'): load it with the "
                              "dblast_jax version that wrote it")
-        if dflash.get("causal") or dblast.get("block_attention", "bidirectional") != \
-                "bidirectional":
-            raise ValueError("this export has a causal block (dflash_config.causal), which "
-                             "this PyTorch drafter does not implement (it drafts the block "
-                             "in one bidirectional pass): load it with dblast_jax "
-                             "(load_drafter)")
+        attention = dblast.get("block_attention",
+                               "causal" if dflash.get("causal") else "bidirectional")
+        if attention not in ("bidirectional", "causal"):
+            raise ValueError(f"dblast_config.block_attention {attention!r} is not one this "
+                             "PyTorch drafter knows (bidirectional, causal)")
+        self.causal = attention == "causal"
+        if "causal" in dflash and bool(dflash["causal"]) != self.causal:
+            raise ValueError(f"dflash_config.causal {dflash['causal']!r} contradicts "
+                             f"dblast_config.block_attention {attention!r}")
+        if self.causal and self.correction != "none":
+            raise ValueError("a causal block does not combine with a correction head")
         nkv = int(c.get("num_key_value_heads") or heads)
         d = int(c.get("head_dim") or h // heads)
         eps = float(c.get("rms_norm_eps", 1e-6))
@@ -228,8 +234,11 @@ class _DrafterCore:
         return [layer.self_attn.context_kv(ctx, pos, inv) for layer in self.layers]
 
     def _block_hidden(self, kv, visible_ctx: torch.Tensor, anchor_tokens: torch.Tensor,
-                      anchor_positions: torch.Tensor, embed_weight: torch.Tensor):
-        """The block pass given context K/V per layer and visible_ctx [B, T] bool."""
+                      anchor_positions: torch.Tensor, embed_weight: torch.Tensor,
+                      block_tokens: Optional[torch.Tensor] = None):
+        """The block pass given context K/V per layer and visible_ctx [B, T] bool.
+        block_tokens [B, b-1] (a causal block only): slots 1 .. b-1 hold these tokens'
+        embeddings where >= 0 and MASK where -1 (default: MASK everywhere)."""
         dtype = self.fc.weight.dtype
         bsz = anchor_tokens.shape[0]
         b = self.block_size
@@ -238,9 +247,18 @@ class _DrafterCore:
         anchor = embed_weight[anchor_tokens.long()].to(device=dev, dtype=dtype)  # [B, H]
         mask = (self.dblast.mask_embedding if self.learned_mask
                 else embed_weight[int(self.mask_token_id)]).to(device=dev, dtype=dtype)
-        x = torch.cat([anchor[:, None, :], mask.expand(bsz, b - 1, -1)], dim=1)
+        tail = mask.expand(bsz, b - 1, -1)
+        if block_tokens is not None:
+            toks = block_tokens.long().to(embed_weight.device)
+            drafted = embed_weight[toks.clamp_min(0)].to(device=dev, dtype=dtype)
+            tail = torch.where((toks >= 0).to(dev)[..., None], drafted, tail)
+        x = torch.cat([anchor[:, None, :], tail], dim=1)
         visible = torch.cat([visible_ctx.to(dev),
                              torch.ones(bsz, b, dtype=torch.bool, device=dev)], dim=1)
+        if self.causal:  # slot i sees the context and slots 0 .. i
+            in_block = torch.ones(b, b, dtype=torch.bool, device=dev).tril()
+            visible = visible[:, None, :].repeat(1, b, 1)
+            visible[:, :, -b:] = in_block
         inv = self.inv_freq
         for layer, (k, v) in zip(self.layers, kv):
             x = layer(x, k, v, blk_pos, visible, inv)
@@ -259,13 +277,15 @@ class _DrafterCore:
 
     def draft_hidden(self, taps: torch.Tensor, anchor_tokens: torch.Tensor,
                      anchor_positions: torch.Tensor, embed_weight: torch.Tensor,
-                     context_lengths: Optional[torch.Tensor] = None):
+                     context_lengths: Optional[torch.Tensor] = None,
+                     block_tokens: Optional[torch.Tensor] = None):
         """Branch hidden states [B, K, b-1, H] and prior logits [B, K] (float32).
 
         taps [B, T, n_taps, H]: target features of positions 0..T-1; anchor_tokens /
         anchor_positions [B]: the last verified token and its position s; the block sees
         context positions < context_lengths (default: s) plus the whole block.
-        embed_weight [V, H]: the target's input embedding.
+        embed_weight [V, H]: the target's input embedding. block_tokens: see
+        `_block_hidden` (a causal block's drafted prefix).
         """
         t = taps.shape[1]
         if context_lengths is None:
@@ -274,15 +294,19 @@ class _DrafterCore:
         visible = (torch.arange(t, device=dev)[None, :]
                    < context_lengths.long().to(dev)[:, None])
         return self._block_hidden(self.context_kv(taps), visible, anchor_tokens,
-                                  anchor_positions, embed_weight)
+                                  anchor_positions, embed_weight, block_tokens)
 
     def draft_from_cache(self, cache: "DraftCache", anchor_tokens: torch.Tensor,
-                         anchor_positions: torch.Tensor, embed_weight: torch.Tensor):
+                         anchor_positions: torch.Tensor, embed_weight: torch.Tensor,
+                         block_tokens: Optional[torch.Tensor] = None):
         """`draft_hidden` against a draft cache: the block sees every cached position."""
         bsz = anchor_tokens.shape[0]
         visible = torch.ones(bsz, cache.length, dtype=torch.bool, device=self.fc.weight.device)
-        return self._block_hidden(cache.kv(self), visible, anchor_tokens, anchor_positions,
-                                  embed_weight)
+        kv = cache.kv(self)
+        if bsz > 1 and kv and kv[0][0].shape[0] == 1:  # several blocks on one context
+            kv = [(k.expand(bsz, -1, -1, -1), v.expand(bsz, -1, -1, -1)) for k, v in kv]
+        return self._block_hidden(kv, visible, anchor_tokens, anchor_positions,
+                                  embed_weight, block_tokens)
 
     def forward(self, taps: torch.Tensor, anchor_tokens: torch.Tensor,
                 anchor_positions: torch.Tensor, embed_weight: torch.Tensor,
@@ -291,28 +315,50 @@ class _DrafterCore:
         """-> (branch logits [B, K, b-1, V] float32, prior logits [B, K] float32).
 
         lm_head_weight [V, H]: the target's LM head in torch layout (the embedding for
-        tied targets). prev_tokens [B, b-1]: with a correction head (only), the token
-        before each draft position (the anchor, then the block's tokens d_1 .. d_{b-2}):
-        the logits are those drafts are taken from given that prefix (teacher forcing
-        in training). See `draft_hidden` for the other arguments."""
+        tied targets). prev_tokens [B, b-1]: with a correction head or a causal block
+        (only), the token before each draft position (the anchor, then the block's tokens
+        d_1 .. d_{b-2}): the logits are those drafts are taken from given that prefix
+        (teacher forcing in training; a causal block runs one pass per position here,
+        the definition, where JAX's training pass does it in one). See `draft_hidden`
+        for the other arguments."""
+        if self.causal:  # slot i given the data's d_1 .. d_{i-1}: one pass per slot
+            if prev_tokens is None:
+                raise ValueError("this drafter has a causal block: forward needs "
+                                 "prev_tokens [B, b-1] (the anchor, then d_1 .. d_{b-2})")
+            self._check_prev(prev_tokens, anchor_tokens.shape[0])
+            states = []
+            for i in range(1, self.block_size):
+                blk = prev_tokens[:, 1:].long().clone()
+                blk[:, i - 1:] = -1
+                blk = torch.cat([blk, torch.full_like(blk[:, :1], -1)], 1)
+                branch, prior = self.draft_hidden(taps, anchor_tokens, anchor_positions,
+                                                  embed_weight, context_lengths, blk)
+                states.append(branch[:, :, i - 1])
+            branch = torch.stack(states, 2)
+            logits = torch.einsum("bkjh,vh->bkjv", branch.float(), lm_head_weight.float())
+            return logits, prior
         branch, prior = self.draft_hidden(taps, anchor_tokens, anchor_positions, embed_weight,
                                           context_lengths)
         if self.correction != "none":
             if prev_tokens is None:
                 raise ValueError("this drafter has a correction head: forward needs "
                                  "prev_tokens [B, b-1] (the anchor, then d_1 .. d_{b-2})")
-            want = (branch.shape[0], self.block_size - 1)
-            if tuple(prev_tokens.shape) != want:
-                raise ValueError(f"prev_tokens must be {list(want)}, got "
-                                 f"{list(prev_tokens.shape)}")
+            self._check_prev(prev_tokens, branch.shape[0])
             corr = self.dblast.correction
             pre = (self._prev_features(prev_tokens, embed_weight)[:, None]
                    + corr.ctx_proj(branch).float())  # [B, K, b-1, r]
             branch = branch + corr.out_proj(nn.functional.silu(pre).to(branch.dtype))
         elif prev_tokens is not None:
-            raise ValueError("prev_tokens is for drafters with a correction head only")
+            raise ValueError("prev_tokens is for drafters with a correction head or a "
+                             "causal block only")
         logits = torch.einsum("bkjh,vh->bkjv", branch.float(), lm_head_weight.float())
         return logits, prior
+
+    def _check_prev(self, prev_tokens: torch.Tensor, batch: int) -> None:
+        want = (batch, self.block_size - 1)
+        if tuple(prev_tokens.shape) != want:
+            raise ValueError(f"prev_tokens must be {list(want)}, got "
+                             f"{list(prev_tokens.shape)}")
 
     def _prev_features(self, tokens: torch.Tensor, embed_weight: torch.Tensor) -> torch.Tensor:
         """Previous tokens [..] -> rms(e) W_p [.., r] float32 (the correction's input
@@ -382,6 +428,8 @@ class _DrafterCore:
             serial = None
             if self.correction != "none":  # each draft corrected by the token before it
                 serial = _Serial(self, branch[0].to(dev), embed, head_w, anchor)
+            elif self.causal:  # one drafter pass per position, the drafted prefix in it
+                serial = _CausalSerial(self, cache, embed, head_w, anchor, s, branch[0])
             drafts, proposal = _propose(branch[0].to(dev), prior[0].to(dev), head_w,
                                         temperature, verify_mode, category_temperature,
                                         draft_temperature, streams, serial)
@@ -612,6 +660,54 @@ class _Serial:
             q = torch.softmax(self.logits(i, prev) / draft_temperature, dim=-1)  # [K, V]
             prev = torch.multinomial(q[z], 1, generator=gen)
             drafts.append(prev[0])
+            qs.append(q)
+        return torch.stack(drafts), torch.stack(qs, 1)
+
+
+class _CausalSerial(_Serial):
+    """A causal block's drafting (dblast_jax/block_causal.py): position i's logits come
+    from a drafter pass over [anchor, d_1 .. d_{i-1}, MASK ..] with the in-block causal
+    mask, read at slot i. Here each pass recomputes the block (b is small; JAX's sampler
+    computes two slots per pass)."""
+
+    def __init__(self, model: _DrafterCore, cache: "DraftCache", embed: torch.Tensor,
+                 head_w: torch.Tensor, anchor: int, position: int,
+                 first: torch.Tensor):
+        self.model, self.cache, self.embed, self.head_w = model, cache, embed, head_w
+        self.anchor, self.position = int(anchor), int(position)
+        self.base = first  # [K, b-1, H]: only its shape is read (slot 1 is recomputed)
+
+    def logits(self, i: int, prefixes: torch.Tensor) -> torch.Tensor:
+        """Draft i's (0-based: block slot i + 1) logits [M, K, V] of every branch, for M
+        drafted prefixes [M, i + 1] (the anchor first)."""
+        m = prefixes.shape[0]
+        b = self.model.block_size
+        dev = self.head_w.device
+        blk = torch.full((m, b - 1), -1, dtype=torch.long, device=dev)
+        blk[:, :i] = prefixes[:, 1:].to(dev)
+        branch, _ = self.model.draft_from_cache(
+            self.cache, torch.full((m,), self.anchor, device=dev),
+            torch.full((m,), self.position, device=dev), self.embed, blk)
+        return torch.einsum("mkh,vh->mkv", branch[:, :, i].float(), self.head_w)
+
+    def greedy_chains(self) -> torch.Tensor:
+        k, n = self.base.shape[:2]
+        dev = self.head_w.device
+        chains = torch.full((k, 1), self.anchor, dtype=torch.long, device=dev)
+        for i in range(n):  # row z: branch z's own prefix
+            logits = self.logits(i, chains)[torch.arange(k), torch.arange(k)]
+            chains = torch.cat([chains, torch.argmax(logits, -1)[:, None]], 1)
+        return chains[:, 1:]
+
+    def sampled(self, z: int, draft_temperature: float, gen: torch.Generator):
+        n = self.base.shape[1]
+        prefix = torch.full((1, 1), self.anchor, dtype=torch.long, device=self.head_w.device)
+        drafts, qs = [], []
+        for i in range(n):  # one shared prefix; every branch's q on it
+            q = torch.softmax(self.logits(i, prefix)[0] / draft_temperature, dim=-1)
+            tok = torch.multinomial(q[z], 1, generator=gen)
+            prefix = torch.cat([prefix, tok[None]], 1)
+            drafts.append(tok[0])
             qs.append(q)
         return torch.stack(drafts), torch.stack(qs, 1)
 
