@@ -113,3 +113,25 @@ def test_compare_at_equal_steps_and_equal_cpu(tmp_path):
     assert out[3] == "| 100 | 100 | 0.150 | 0.200 | -25% | 0.100 | +50% |"
     assert out[4] == "| 150 | 150 | 0.300 |  |  | 0.150 | +100% |"
     assert out[5] == "| 200 | 300 | 0.400 |  |  |  |  |"  # past base's last point
+
+
+def test_steps_past_the_last_row_are_charged(tmp_path):
+    """A run resumed past its last curve row (killed before the row, or carried to another
+    machine) keeps the CPU-seconds of those steps: at the mean rate once a segment has
+    one, before that at the trainer's logged time per step."""
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    from curve_file import cpu_at_resume
+
+    rows = [{"step": 0, "cpu_s": 0.0}, {"step": 100, "cpu_s": 50.0}]
+    assert cpu_at_resume(rows, 100, str(tmp_path)) == 50.0
+    assert cpu_at_resume(rows, 150, str(tmp_path)) == 75.0
+    # only the step-0 row: steps 1-4 from metrics.jsonl (the first one compiled: charged
+    # at the mean of the others), logged every step; steps 5-6 at that mean too
+    metrics = [{"step": 1, "compile_and_step_s": 30.0}, {"step": 2, "step_time_s": 1.0},
+               {"step": 4, "step_time_s": 2.0}, {"step": 9, "step_time_s": 100.0}]
+    (tmp_path / "metrics.jsonl").write_text(
+        "".join(json.dumps(m) + "\n" for m in metrics) + '{"step": 10, "step_')
+    # 1.5 (step 1) + 1.0 (step 2) + 2 * 2.0 (steps 3-4) + 2 * 1.5 (steps 5-6)
+    assert cpu_at_resume(rows[:1], 6, str(tmp_path)) == 1.5 + 1.0 + 4.0 + 3.0
+    assert cpu_at_resume([], 2, str(tmp_path)) == 2.0  # the mean of the steps up to 2
+    assert cpu_at_resume(rows[:1], 6, str(tmp_path / "nothing")) == 0.0

@@ -25,7 +25,7 @@ import time
 
 from absl import app, flags
 
-from curve_file import CURVE, append_row, read_curve
+from curve_file import CURVE, append_row, cpu_at_resume, read_curve
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("experiment", "smollm2_dflash_baseline", "registered experiment")
@@ -89,11 +89,8 @@ def train_curve() -> None:
         cfg if tv is None else cfg.replace(verify_temperature=tv), trainer.target_config,
         data=data, shards=shards), tv) for name, (data, shards, tv) in extra_specs.items()}
     rows = read_curve(FLAGS.workdir)
-    cpu = rows[-1]["cpu_s"] if rows else 0.0
-    if rows and rows[-1]["step"] != trainer.start_step:
-        # killed between a checkpoint and its row: charge the missing steps at the mean rate
-        rate = cpu / max(rows[-1]["step"], 1)
-        cpu += rate * (trainer.start_step - rows[-1]["step"])
+    # steps past the last row (a kill between a checkpoint and its row, a carried run)
+    cpu = cpu_at_resume(rows, trainer.start_step, FLAGS.workdir)
 
     def score(step: int, seg_cpu: float) -> None:
         t = time.process_time()

@@ -11,6 +11,7 @@ import json
 import os
 
 CURVE = "budget_curve.jsonl"
+METRICS = "metrics.jsonl"  # the trainer's log: one row per logged step
 
 
 def read_curve(workdir: str) -> list[dict]:
@@ -37,3 +38,40 @@ def append_row(workdir: str, row: dict) -> None:
         f.write(json.dumps(row) + "\n")
         f.flush()
         os.fsync(f.fileno())
+
+
+def cpu_at_resume(rows: list[dict], start_step: int, workdir: str) -> float:
+    """Training CPU-seconds of a run resuming at `start_step` with curve `rows`: the last
+    row's, plus the steps trained after it (a kill between a checkpoint and its row, or a
+    run carried to another machine) charged at the run's mean rate so far. Before the first
+    segment's row there is no rate (only the step-0 row): those steps are charged at the
+    wall time per step the trainer logged (metrics.jsonl `step_time_s`; the step that
+    compiled at the others' mean), which is about their CPU time for a run that has a core
+    to itself."""
+    cpu = rows[-1]["cpu_s"] if rows else 0.0
+    last = rows[-1]["step"] if rows else 0
+    if start_step <= last:
+        return cpu
+    if last > 0:
+        return cpu + cpu / last * (start_step - last)
+    path = os.path.join(workdir, METRICS)
+    logged = []
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:  # a torn last line
+                    continue
+                if last < row.get("step", -1) <= start_step:
+                    logged.append(row)
+    logged.sort(key=lambda r: r["step"])
+    times = [r["step_time_s"] for r in logged if "step_time_s" in r]
+    if not times:
+        return cpu
+    mean = sum(times) / len(times)
+    prev, total = last, 0.0
+    for row in logged:
+        total += row.get("step_time_s", mean) * (row["step"] - prev)
+        prev = row["step"]
+    return cpu + total + mean * (start_step - prev)
