@@ -33,7 +33,7 @@
 #
 # The comparison is built one variant at a time, across machines: a variant trains as a
 # resumable run in $OUT/NAME (runs/, lost with the machine; `PACK=1` carries its newest
-# checkpoint, ~60-70 MB, in $KEEP/NAME/unfinished to the next machine, where `dblast carry
+# checkpoint, ~56-62 MB, in $KEEP/NAME/unfinished to the next machine, where `dblast carry
 # unpack` checks it by sha256 and the run resumes from it), is validated and benchmarked
 # alone, and its results are committed to $KEEP/NAME (training.json: steps, training
 # CPU-s, the trunk's sha256; validate_t{0.7,1.0,1.5}.json; bench_t{0.7,1.5}.json). A
