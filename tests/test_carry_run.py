@@ -112,6 +112,19 @@ def test_another_experiments_workdir_is_refused(carried, tmp_path):
         carry.unpack_run(root / "carried", other, log=lambda s: None)
 
 
+def test_packing_never_overwrites_what_is_not_a_carried_run(carried, tmp_path):
+    root, _, _ = carried
+    for dest, make in (("afile", lambda p: p.write_text("mine")),
+                       ("afolder", lambda p: (p.mkdir(), (p / "notes.txt").write_text("mine")))):
+        make(tmp_path / dest)
+        with pytest.raises(carry.CarryError, match="holds no carried run"):
+            carry.pack_run(root / "a", tmp_path / dest, log=lambda s: None)
+    assert (tmp_path / "afile").read_text() == "mine"
+    assert (tmp_path / "afolder" / "notes.txt").read_text() == "mine"
+    (tmp_path / "empty").mkdir()
+    assert carry.pack_run(root / "a", tmp_path / "empty", log=lambda s: None) == 4
+
+
 def test_packing_needs_a_workdir_with_a_finished_checkpoint(tmp_path):
     with pytest.raises(carry.CarryError, match="not a training workdir"):
         carry.pack_run(tmp_path, tmp_path / "dest", log=lambda s: None)

@@ -77,11 +77,17 @@ def carried_step(src: os.PathLike | str) -> Optional[int]:
 
 def pack_run(workdir: os.PathLike | str, dest: os.PathLike | str, *,
              log: Callable[[str], None] = print, attempts: int = 3) -> int:
-    """Copy `workdir`'s newest finished checkpoint and small files into `dest` (replaced
-    whole: a reader sees the old carried run or the new one). Safe beside the trainer that
+    """Copy `workdir`'s newest finished checkpoint and small files into `dest`: an absent
+    or empty folder, or an earlier carried run (replaced whole: a reader sees the old
+    carried run or the new one); anything else is refused, never overwritten. Safe beside the trainer that
     writes the workdir: a checkpoint it deletes mid-copy (keep_checkpoints) is retried with
     the newer one. Returns the carried step."""
     workdir, dest = Path(workdir), Path(dest)
+    if dest.exists() and not (dest / MANIFEST).is_file() and (
+            not dest.is_dir() or any(dest.iterdir())):
+        raise CarryError(f"carry destination {dest} exists and holds no carried run "
+                         f"({MANIFEST}); give an absent or empty folder, or an earlier "
+                         "carried run to replace")
     if not (workdir / IDENTITY_FILE).is_file():
         raise CarryError(f"{workdir} is not a training workdir (no {IDENTITY_FILE})")
     if dest.resolve() == workdir.resolve() or workdir.resolve() in dest.resolve().parents:
@@ -133,6 +139,8 @@ def unpack_run(src: os.PathLike | str, workdir: os.PathLike | str, *,
     own and the carried logs and config (which match that checkpoint). The workdir's
     identity must be the carried one's. Returns the step the run now resumes from."""
     src, workdir = Path(src), Path(workdir)
+    if workdir.exists() and not workdir.is_dir():
+        raise CarryError(f"{workdir} is a file, not a workdir folder")
     manifest_path = src / MANIFEST
     if not manifest_path.is_file():
         raise CarryError(f"{src} holds no carried run ({MANIFEST} is missing)")
