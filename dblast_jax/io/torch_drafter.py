@@ -4,9 +4,10 @@ For users who serve with PyTorch: `DBlastDrafterTorch.from_pretrained(folder)` l
 export (plain DFlash layout for K = 1, plus the `dblast.`-prefixed tensors for the
 latent-mixture additions, a learned mask embedding, the serial previous-token
 correction head and a causal block) and computes the same branch logits and prior logits
-as the JAX drafter (with a correction head or a causal block: given the previous tokens,
-and drafted left to right: one drafter pass per position for a causal block). It depends only on torch and safetensors
-(the `torch` extra), never on the JAX code, so this file can be copied out on its own.
+as the JAX drafter (with a correction head or a causal block: given the previous tokens;
+both draft left to right, a causal block with one drafter pass per position). It depends
+only on torch and safetensors (the `torch` extra), never on the JAX code, so this file
+can be copied out on its own.
 
 The target's input embedding and LM head are arguments of `forward`, as in DFlash: the
 drafter owns neither.
