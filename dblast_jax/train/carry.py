@@ -79,9 +79,9 @@ def pack_run(workdir: os.PathLike | str, dest: os.PathLike | str, *,
              log: Callable[[str], None] = print, attempts: int = 3) -> int:
     """Copy `workdir`'s newest finished checkpoint and small files into `dest`: an absent
     or empty folder, or an earlier carried run (replaced whole: a reader sees the old
-    carried run or the new one); anything else is refused, never overwritten. Safe beside the trainer that
-    writes the workdir: a checkpoint it deletes mid-copy (keep_checkpoints) is retried with
-    the newer one. Returns the carried step."""
+    carried run or the new one); anything else is refused, never overwritten. Safe beside
+    the trainer that writes the workdir: a checkpoint it deletes mid-copy
+    (keep_checkpoints) is retried with the newer one. Returns the carried step."""
     workdir, dest = Path(workdir), Path(dest)
     if dest.exists() and not (dest / MANIFEST).is_file() and (
             not dest.is_dir() or any(dest.iterdir())):
