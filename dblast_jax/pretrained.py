@@ -81,7 +81,8 @@ def available(target: Optional[str] = None,
             if target is None or entry.get("target") == target}
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: os.PathLike | str) -> str:
+    """sha256 hex digest of a file, read in 1 MiB chunks."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -116,7 +117,7 @@ def pretrained_folder(name: str, root: Optional[str | os.PathLike] = None, *,
         if not path.exists():
             raise FileNotFoundError(f"pretrained drafter {name!r}: {path} is missing "
                                     f"({_restore_hint(base)})")
-        got = _sha256(path)
+        got = file_sha256(path)
         if got != want:
             raise ValueError(f"pretrained drafter {name!r}: sha256 of {path} is {got}, "
                              f"the manifest says {want} (corrupt or replaced file; "
@@ -149,6 +150,6 @@ def add_pretrained(name: str, export_folder: str | os.PathLike, *, target: str,
         for f in set(old.get("files", {})) - set(files):
             (dest / f).unlink(missing_ok=True)
     manifest["drafters"][name] = {"target": target, "folder": rel, **dict(info),
-                                  "files": {f: _sha256(dest / f) for f in files}}
+                                  "files": {f: file_sha256(dest / f) for f in files}}
     atomic_write_json(base / MANIFEST, manifest, indent=2, sort_keys=True)
     return dest

@@ -170,32 +170,19 @@ def _broken_verify_block(target_probs, drafts, proposal, gen_accept, gen_residua
     return n, int(torch.multinomial(target_probs[n], 1, generator=gen_residual)), alphas
 
 
+@pytest.mark.parametrize("mechanism,seed", [("tiny_corrected", 3), ("tiny_causal", 5)],
+                         ids=["correction", "causal"])
 @pytest.mark.parametrize("mode", MODES)
-def test_correction_head_is_lossless(tiny_corrected, mode):
-    """The serial correction head (drafts left to right, each q_i given the drafted
-    d_{i-1}), in every verification mode."""
-    target, drafter = tiny_corrected
+def test_left_to_right_drafters_are_lossless(request, mechanism, seed, mode):
+    """The serial correction head (each q_i given the drafted d_{i-1}) and the causal
+    block (draft i from a pass over the drafted prefix), in every verification mode."""
+    target, drafter = request.getfixturevalue(mechanism)
     seqs, probs = exact_distribution(target, 1.0)
-    samples, accepted = sample_sequences(target, drafter, seed=3, temperature=1.0,
+    samples, accepted = sample_sequences(target, drafter, seed=seed, temperature=1.0,
                                          verify_mode=mode, category_temperature=1.3,
                                          draft_temperature=0.8)
     pvalue = chi_square_pvalue(samples, seqs, probs)
-    print(f"\n[correction {mode}] chi-square p = {pvalue:.3g}, steps accepting a draft: "
-          f"{(accepted > 0).mean():.3f}")
-    assert pvalue > P_VALUE
-    assert (accepted > 0).mean() > 0.05
-
-
-@pytest.mark.parametrize("mode", MODES)
-def test_causal_block_is_lossless(tiny_causal, mode):
-    """A causal block (draft i from a pass over the drafted prefix), every mode."""
-    target, drafter = tiny_causal
-    seqs, probs = exact_distribution(target, 1.0)
-    samples, accepted = sample_sequences(target, drafter, seed=5, temperature=1.0,
-                                         verify_mode=mode, category_temperature=1.3,
-                                         draft_temperature=0.8)
-    pvalue = chi_square_pvalue(samples, seqs, probs)
-    print(f"\n[causal {mode}] chi-square p = {pvalue:.3g}, steps accepting a draft: "
+    print(f"\n[{mechanism} {mode}] chi-square p = {pvalue:.3g}, steps accepting a draft: "
           f"{(accepted > 0).mean():.3f}")
     assert pvalue > P_VALUE
     assert (accepted > 0).mean() > 0.05

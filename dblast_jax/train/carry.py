@@ -20,7 +20,6 @@ to ~62 MB (K = 4): float32 params and the two Adam moments.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from dblast_jax.io.atomic import atomic_write_json
+from dblast_jax.pretrained import file_sha256
 from dblast_jax.train.checkpoint import (CHECKPOINT_DIR, CONFIG_FILE, IDENTITY_FILE,
                                          finished_steps)
 
@@ -45,14 +45,6 @@ __all__ = ["CarryError", "pack_run", "unpack_run", "carried_step", "MANIFEST"]
 class CarryError(ValueError):
     """A carried run that cannot be packed or resumed as it is (clear message, nothing
     in the workdir changed)."""
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _files_under(root: Path) -> list[Path]:
@@ -106,7 +98,7 @@ def pack_run(workdir: os.PathLike | str, dest: os.PathLike | str, *,
                 out = tmp / FILES / rel
                 out.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(workdir / rel, out)
-                entries[str(rel)] = {"sha256": _sha256(out), "bytes": out.stat().st_size}
+                entries[str(rel)] = {"sha256": file_sha256(out), "bytes": out.stat().st_size}
         except FileNotFoundError:
             if attempt + 1 == attempts:
                 raise
@@ -156,7 +148,7 @@ def unpack_run(src: os.PathLike | str, workdir: os.PathLike | str, *,
         path = src / FILES / rel
         if not path.is_file():
             raise CarryError(f"carried run {src} is missing {rel}; nothing was unpacked")
-        if path.stat().st_size != entry["bytes"] or _sha256(path) != entry["sha256"]:
+        if path.stat().st_size != entry["bytes"] or file_sha256(path) != entry["sha256"]:
             raise CarryError(f"carried run {src}: {rel} does not match its sha256 in "
                              f"{MANIFEST} (corrupt or altered); nothing was unpacked")
     identity = src / FILES / IDENTITY_FILE
